@@ -1,0 +1,1 @@
+"""MPI runtime: the world and its communicators, rank math, logging, abort-on-error."""

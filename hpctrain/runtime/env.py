@@ -1,0 +1,34 @@
+"""What the launcher and the batch system tell a rank: MPI library, Slurm/PBS allocation."""
+
+from __future__ import annotations
+
+import os
+
+from mpi4py import MPI
+
+__all__ = ["mpi_library", "allocation"]
+
+_ALLOCATION_VARS = (
+    "SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_JOB_NUM_NODES", "SLURM_NTASKS",
+    "SLURM_NTASKS_PER_NODE", "SLURM_CPUS_PER_TASK", "SLURM_JOB_PARTITION", "SLURM_PROCID",
+    "PBS_JOBID", "PBS_JOBNAME", "PBS_QUEUE", "PBS_NODEFILE", "PBS_NP", "NCPUS",
+    "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK",
+)
+
+_THREAD_LEVELS = {
+    MPI.THREAD_SINGLE: "MPI_THREAD_SINGLE", MPI.THREAD_FUNNELED: "MPI_THREAD_FUNNELED",
+    MPI.THREAD_SERIALIZED: "MPI_THREAD_SERIALIZED", MPI.THREAD_MULTIPLE: "MPI_THREAD_MULTIPLE",
+}
+
+
+def mpi_library() -> dict[str, str]:
+    """Library name/version line, MPI standard version and the provided thread level."""
+    major, minor = MPI.Get_version()
+    return {"library": " ".join(MPI.Get_library_version().split()[:3]),
+            "standard": f"{major}.{minor}",
+            "thread_level": _THREAD_LEVELS.get(MPI.Query_thread(), str(MPI.Query_thread()))}
+
+
+def allocation() -> dict[str, str]:
+    """Batch-system and launcher variables present in this rank's environment."""
+    return {k: os.environ[k] for k in _ALLOCATION_VARS if k in os.environ}
