@@ -1,0 +1,47 @@
+import numpy as np
+
+from hpctrain.config import NUM_DENSE
+from hpctrain.data.synthetic import SyntheticClicks
+
+
+def make(**kw):
+    args = dict(table_sizes=(1000, 50, 3, 100_000), train_samples=20_000, eval_samples=2000,
+                zipf=1.05, seed=5)
+    args.update(kw)
+    return SyntheticClicks(**args)
+
+
+def test_samples_are_a_function_of_their_index():
+    data = make()
+    whole = data.read("train", 0, 1000)
+    part = data.read("train", 300, 420)
+    np.testing.assert_array_equal(part.sparse, whole.sparse[300:420])
+    np.testing.assert_array_equal(part.dense, whole.dense[300:420])
+    np.testing.assert_array_equal(part.labels, whole.labels[300:420])
+    again = make().read("train", 0, 1000)
+    np.testing.assert_array_equal(again.sparse, whole.sparse)
+    other_seed = make(seed=6).read("train", 0, 1000)
+    assert not np.array_equal(other_seed.sparse, whole.sparse)
+
+
+def test_splits_differ_and_shapes_dtypes_ranges_hold():
+    data = make()
+    train, held = data.read("train", 0, 5000), data.read("eval", 0, 2000)
+    assert not np.array_equal(train.sparse[:2000], held.sparse)
+    assert train.dense.shape == (5000, NUM_DENSE) and train.dense.dtype == np.float32
+    assert train.sparse.shape == (5000, 4) and train.sparse.dtype == np.int64
+    assert (train.sparse >= 0).all() and (train.sparse < np.array(data.table_sizes)).all()
+    assert set(np.unique(train.labels)) == {0.0, 1.0}
+    assert (train.dense >= 0).all()
+    assert 0.15 < train.labels.mean() < 0.6
+
+
+def test_ids_follow_a_power_law():
+    data = make(zipf=1.2)
+    ids = data.read("train", 0, 20_000).sparse[:, 3]
+    _, counts = np.unique(ids, return_counts=True)
+    top = np.sort(counts)[::-1]
+    # The hottest 1% of the 100k rows take most lookups; a uniform draw would give ~1%.
+    assert top[:1000].sum() / len(ids) > 0.6
+    flat = make(zipf=0.0).read("train", 0, 20_000).sparse[:, 3]
+    assert np.unique(flat).size > 15_000
