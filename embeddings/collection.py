@@ -1,0 +1,60 @@
+"""The torch bridge: look up a batch's embeddings from a store, push their gradients back.
+
+A lookup de-duplicates the batch's rows, pulls each once, and makes the pulled block a leaf
+tensor; the batch's ``[B, T, dim]`` embeddings index into it, so autograd itself sums the
+gradient of every repeated row (the backward of indexing is an index-add). The trainer then
+pushes one gradient row per touched row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from embeddings.tables import TableLayout
+from embeddings.types import EmbeddingStore
+
+__all__ = ["EmbeddingCollection", "Lookup"]
+
+
+@dataclass
+class Lookup:
+    """The unique rows of one lookup and the leaf tensor that receives their gradients."""
+
+    rows: np.ndarray
+    values: torch.Tensor
+
+    def grads(self) -> np.ndarray:
+        if self.values.grad is None:
+            return np.zeros((len(self.rows), self.values.shape[1]), dtype=np.float32)
+        return self.values.grad.detach().cpu().numpy()
+
+
+class EmbeddingCollection:
+    """All tables of a model behind one store; one fused lookup per batch."""
+
+    def __init__(self, layout: TableLayout, store: EmbeddingStore,
+                 device: torch.device | None = None) -> None:
+        self.layout = layout
+        self.store = store
+        self.device = device or torch.device("cpu")
+
+    def lookup(self, ids: np.ndarray) -> tuple[torch.Tensor, Lookup]:
+        """Embeddings ``[B, T, dim]`` of ``ids`` (int [B, T]) and the handle for their gradients."""
+        rows = torch.from_numpy(self.layout.global_rows(ids))
+        unique, inverse = torch.unique(rows.view(-1), return_inverse=True)
+        unique = unique.numpy()
+        values = torch.from_numpy(self.store.pull(unique)).to(self.device).requires_grad_()
+        # index_select's backward is an index_add, several times faster than indexing's.
+        embedded = values.index_select(0, inverse.to(self.device))
+        return embedded.view(*rows.shape, self.layout.dim), Lookup(unique, values)
+
+    def push(self, lookups: list[Lookup], scale: float, lr: float) -> None:
+        """Push the gradients of ``lookups`` (one per micro-batch), multiplied by ``scale``."""
+        rows = np.concatenate([lk.rows for lk in lookups])
+        grads = np.concatenate([lk.grads() for lk in lookups])
+        if scale != 1.0:
+            grads *= np.float32(scale)
+        self.store.push(rows, grads, lr)

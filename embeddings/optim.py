@@ -1,0 +1,122 @@
+"""Fused sparse optimizers as numba kernels, shared by the trainer and the servers.
+
+Each kernel updates only the rows a step touched, in place, one pass per row (weights and
+optimizer state together). Rows must be unique: :func:`coalesce` sums duplicates first.
+
+- ``sgd``: ``w -= lr * g``; no state.
+- ``adagrad`` (row-wise, as DLRM/FBGEMM use for tables): one accumulator per row,
+  ``a += mean(g^2)``; ``w -= lr * g / (sqrt(a) + eps)``.
+- ``adam`` (lazy): moments and a step count per row, advanced only when the row is touched,
+  so an untouched row's state does not decay (the usual sparse Adam).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+
+__all__ = ["SparseOptimizer", "coalesce", "OPTIMIZERS"]
+
+OPTIMIZERS = ("sgd", "adagrad", "adam")
+
+
+@numba.njit(cache=True, nogil=True)
+def _sgd(weight, rows, grads, lr):  # pragma: no cover - compiled
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        for j in range(weight.shape[1]):
+            weight[r, j] -= lr * grads[i, j]
+
+
+@numba.njit(cache=True, nogil=True)
+def _rowwise_adagrad(weight, state, rows, grads, lr, eps):  # pragma: no cover - compiled
+    dim = weight.shape[1]
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        sq = 0.0
+        for j in range(dim):
+            sq += grads[i, j] * grads[i, j]
+        state[r, 0] += sq / dim
+        step = lr / (np.sqrt(state[r, 0]) + eps)
+        for j in range(dim):
+            weight[r, j] -= step * grads[i, j]
+
+
+@numba.njit(cache=True, nogil=True)
+def _lazy_adam(weight, state, rows, grads, lr, beta1, beta2, eps):  # pragma: no cover
+    dim = weight.shape[1]
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        state[r, 2 * dim] += 1.0
+        t = state[r, 2 * dim]
+        c1 = 1.0 - beta1**t
+        c2 = 1.0 - beta2**t
+        for j in range(dim):
+            g = grads[i, j]
+            m = beta1 * state[r, j] + (1.0 - beta1) * g
+            v = beta2 * state[r, dim + j] + (1.0 - beta2) * g * g
+            state[r, j] = m
+            state[r, dim + j] = v
+            weight[r, j] -= lr * (m / c1) / (np.sqrt(v / c2) + eps)
+
+
+@numba.njit(cache=True, nogil=True)
+def _coalesce(rows, grads):  # pragma: no cover - compiled
+    order = np.argsort(rows, kind="mergesort")
+    n = rows.shape[0]
+    out_rows = np.empty(n, dtype=rows.dtype)
+    out = np.zeros((n, grads.shape[1]), dtype=grads.dtype)
+    k = -1
+    for i in range(n):
+        src = order[i]
+        if k < 0 or rows[src] != out_rows[k]:
+            k += 1
+            out_rows[k] = rows[src]
+        for j in range(grads.shape[1]):
+            out[k, j] += grads[src, j]
+    return out_rows[: k + 1], out[: k + 1]
+
+
+def coalesce(rows: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted unique ``rows`` and the sum of each one's gradient rows (stable order)."""
+    rows = np.ascontiguousarray(rows, dtype=np.int64)
+    grads = np.ascontiguousarray(grads, dtype=np.float32)
+    if rows.shape[0] != grads.shape[0]:
+        raise ValueError(f"{rows.shape[0]} rows but {grads.shape[0]} gradient rows")
+    if rows.shape[0] < 2 or bool(np.all(rows[1:] > rows[:-1])):
+        return rows, grads  # already sorted and unique (one lookup's rows)
+    return _coalesce(rows, grads)
+
+
+@dataclass(frozen=True)
+class SparseOptimizer:
+    """A row-sparse optimizer: its kind, hyper-parameters and per-row state width."""
+
+    kind: str = "sgd"
+    eps: float = 1e-8
+    beta1: float = 0.9
+    beta2: float = 0.999
+
+    def __post_init__(self) -> None:
+        if self.kind not in OPTIMIZERS:
+            raise ValueError(f"unknown sparse optimizer {self.kind!r}; expected {OPTIMIZERS}")
+
+    def state_width(self, dim: int) -> int:
+        """float32 values of optimizer state per row."""
+        return {"sgd": 0, "adagrad": 1, "adam": 2 * dim + 1}[self.kind]
+
+    def new_state(self, rows: int, dim: int) -> np.ndarray:
+        return np.zeros((rows, self.state_width(dim)), dtype=np.float32)
+
+    def apply(self, weight: np.ndarray, state: np.ndarray, rows: np.ndarray,
+              grads: np.ndarray, lr: float) -> None:
+        """Update ``weight``/``state`` at unique local ``rows`` in place."""
+        if self.kind == "sgd":
+            _sgd(weight, rows, grads, np.float32(lr))
+        elif self.kind == "adagrad":
+            _rowwise_adagrad(weight, state, rows, grads, np.float32(lr), np.float32(self.eps))
+        else:
+            _lazy_adam(weight, state, rows, grads, np.float32(lr), np.float32(self.beta1),
+                       np.float32(self.beta2), np.float32(self.eps))

@@ -1,0 +1,33 @@
+"""Every worker holds every row; the plain data-parallel store.
+
+A push all-gathers the rows each worker touched and their gradients (never a dense table:
+only the rows the global batch touched travel), sums duplicates, and applies the same update
+on every worker, so the replicas stay identical without a broadcast.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+from embeddings.tables import LocalTables
+from embeddings.types import EmbeddingStore
+from hpctrain.comm.native import allgatherv
+
+__all__ = ["ReplicatedTables"]
+
+
+class ReplicatedTables(EmbeddingStore):
+    """All rows on each rank of ``comm``; ``push`` is collective over ``comm``."""
+
+    def __init__(self, tables: LocalTables, comm: MPI.Intracomm) -> None:
+        self.tables = tables
+        self.dim = tables.dim
+        self.comm = comm
+
+    def pull(self, rows: np.ndarray) -> np.ndarray:
+        return self.tables.pull(rows)
+
+    def push(self, rows: np.ndarray, grads: np.ndarray, lr: float) -> None:
+        """Two ``Allgatherv`` over ``comm`` (rows, then gradients), then a local update."""
+        self.tables.push(allgatherv(rows, self.comm), allgatherv(grads, self.comm), lr)

@@ -1,0 +1,90 @@
+"""Table layout (global row ids), seeded row initialisation, and rows held in local memory."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from embeddings.optim import SparseOptimizer, coalesce
+from embeddings.types import EmbeddingStore, TableSpec
+from hpctrain.errors import EmbeddingError
+from hpctrain.runtime import rng
+
+__all__ = ["TableLayout", "init_rows", "LocalTables"]
+
+
+class TableLayout:
+    """Tables stacked into one row space: row ``offsets[t] + id`` is row ``id`` of table ``t``.
+
+    All tables share one width, as DLRM's dot interaction requires.
+    """
+
+    def __init__(self, specs: Sequence[TableSpec]) -> None:
+        if not specs or len({s.dim for s in specs}) != 1:
+            raise ValueError("a layout needs at least one table and one shared dim")
+        self.specs = tuple(specs)
+        self.dim = specs[0].dim
+        self.sizes = np.array([s.rows for s in specs], dtype=np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
+        self.total_rows = int(self.sizes.sum())
+
+    @classmethod
+    def from_sizes(cls, sizes: Sequence[int], dim: int) -> TableLayout:
+        return cls([TableSpec(f"t{t}", int(n), dim) for t, n in enumerate(sizes)])
+
+    def global_rows(self, ids: np.ndarray) -> np.ndarray:
+        """Global rows of ``ids`` (int [B, T], column t indexes table t); checks the range."""
+        if ids.ndim != 2 or ids.shape[1] != len(self.specs):
+            raise EmbeddingError(f"expected ids of shape [batch, {len(self.specs)}], "
+                                 f"got {list(ids.shape)}")
+        bad = (ids < 0) | (ids >= self.sizes)
+        if bad.any():
+            b, t = np.argwhere(bad)[0]
+            raise EmbeddingError(f"id {int(ids[b, t])} is outside table "
+                                 f"{self.specs[t].name!r} of {self.specs[t].rows} rows "
+                                 f"(sample {b} of the batch)")
+        return ids.astype(np.int64, copy=False) + self.offsets
+
+    def table_of(self, rows: np.ndarray) -> np.ndarray:
+        """Table index of each global row."""
+        return np.searchsorted(self.offsets, rows, side="right") - 1
+
+
+def init_rows(layout: TableLayout, rows: np.ndarray, seed: int) -> np.ndarray:
+    """Initial values of global ``rows``: uniform in +-1/sqrt(table rows), as DLRM does.
+
+    Each value depends only on (seed, row, column), never on which rank or shard makes it.
+    """
+    rows = np.asarray(rows, dtype=np.int64)
+    scale = 1.0 / np.sqrt(layout.sizes[layout.table_of(rows)].astype(np.float64))
+    keys = rows.astype(np.uint64)[:, None] * np.uint64(layout.dim) + np.arange(
+        layout.dim, dtype=np.uint64)
+    values = (2.0 * rng.uniform(keys, seed) - 1.0) * scale[:, None]
+    return values.astype(np.float32)
+
+
+class LocalTables(EmbeddingStore):
+    """Rows ``[first, first + count)`` of a layout in one contiguous array, with their
+    optimizer state; the building block of replicated stores and server shards."""
+
+    def __init__(self, layout: TableLayout, optimizer: SparseOptimizer, seed: int,
+                 first: int = 0, count: int | None = None) -> None:
+        self.layout = layout
+        self.dim = layout.dim
+        self.first = first
+        count = layout.total_rows - first if count is None else count
+        self.weight = np.empty((count, self.dim), dtype=np.float32)
+        block = 1 << 16
+        for lo in range(0, count, block):
+            hi = min(count, lo + block)
+            self.weight[lo:hi] = init_rows(layout, np.arange(first + lo, first + hi), seed)
+        self.optimizer = optimizer
+        self.state = optimizer.new_state(count, self.dim)
+
+    def pull(self, rows: np.ndarray) -> np.ndarray:
+        return np.take(self.weight, rows - self.first, axis=0)
+
+    def push(self, rows: np.ndarray, grads: np.ndarray, lr: float) -> None:
+        rows, grads = coalesce(rows, grads)
+        self.optimizer.apply(self.weight, self.state, rows - self.first, grads, lr)

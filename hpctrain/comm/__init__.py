@@ -1,0 +1,1 @@
+"""Collectives on numpy buffers over an explicit communicator."""

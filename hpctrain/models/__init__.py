@@ -1,0 +1,1 @@
+"""Models: DLRM (dense part; embeddings come from the embeddings package)."""

@@ -1,0 +1,58 @@
+"""DLRM (Naumov et al. 2019): bottom MLP, pairwise dot interaction, top MLP.
+
+The module holds the dense part only. The embedding rows of a batch arrive as an input
+``[B, T, dim]`` from :class:`embeddings.collection.EmbeddingCollection`, so the same model
+trains with tables replicated, on parameter servers, or tiered.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from hpctrain.config import NUM_DENSE, ModelConfig
+
+__all__ = ["DLRM", "mlp", "interaction_width"]
+
+
+def mlp(widths: Sequence[int], relu_last: bool) -> nn.Sequential:
+    """Linear layers ``widths[0] -> widths[1] -> ...`` with ReLU between (and after the last
+    when ``relu_last``), initialised as the reference DLRM does."""
+    layers: list[nn.Module] = []
+    for i, (n_in, n_out) in enumerate(zip(widths[:-1], widths[1:], strict=True)):
+        linear = nn.Linear(n_in, n_out)
+        with torch.no_grad():
+            linear.weight.normal_(0.0, math.sqrt(2.0 / (n_in + n_out)))
+            linear.bias.normal_(0.0, math.sqrt(1.0 / n_out))
+        layers.append(linear)
+        if relu_last or i < len(widths) - 2:
+            layers.append(nn.ReLU(inplace=True))
+    return nn.Sequential(*layers)
+
+
+def interaction_width(num_tables: int, dim: int) -> int:
+    """Top-MLP input: the bottom output plus one dot product per pair of features."""
+    features = num_tables + 1
+    return dim + features * (features - 1) // 2
+
+
+class DLRM(nn.Module):
+    def __init__(self, config: ModelConfig, num_tables: int) -> None:
+        super().__init__()
+        dim = config.embedding_dim
+        self.bottom = mlp([NUM_DENSE, *config.bottom_mlp], relu_last=True)
+        self.top = mlp([interaction_width(num_tables, dim), *config.top_mlp], relu_last=False)
+        features = num_tables + 1
+        rows, cols = torch.tril_indices(features, features, offset=-1)
+        self.register_buffer("_pairs", rows * features + cols, persistent=False)
+
+    def forward(self, dense: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
+        """Logits ``[B]`` from dense features ``[B, 13]`` and embeddings ``[B, T, dim]``."""
+        x = self.bottom(dense)
+        features = torch.cat([x.unsqueeze(1), embedded], dim=1)
+        dots = torch.bmm(features, features.transpose(1, 2)).flatten(1)
+        pairs = dots.index_select(1, self._pairs)  # strictly lower triangle, row-major
+        return self.top(torch.cat([x, pairs], dim=1)).squeeze(1)

@@ -1,0 +1,1 @@
+"""The parameter server: server ranks own row shards of the embedding tables."""

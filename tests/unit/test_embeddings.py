@@ -1,0 +1,93 @@
+import numpy as np
+import pytest
+import torch
+
+from embeddings.collection import EmbeddingCollection
+from embeddings.optim import SparseOptimizer, coalesce
+from embeddings.tables import LocalTables, TableLayout, init_rows
+from hpctrain.errors import EmbeddingError
+
+LAYOUT = TableLayout.from_sizes([7, 100, 3], dim=4)
+
+
+def reference_update(kind, weight, state, rows, grads, lr, eps=1e-8, b1=0.9, b2=0.999):
+    w, s = weight.astype(np.float64), state.astype(np.float64)
+    for r, g in zip(rows, grads.astype(np.float64), strict=True):
+        if kind == "sgd":
+            w[r] -= lr * g
+        elif kind == "adagrad":
+            s[r, 0] += np.mean(g * g)
+            w[r] -= lr * g / (np.sqrt(s[r, 0]) + eps)
+        else:
+            d = len(g)
+            s[r, 2 * d] += 1
+            t = s[r, 2 * d]
+            s[r, :d] = b1 * s[r, :d] + (1 - b1) * g
+            s[r, d:2 * d] = b2 * s[r, d:2 * d] + (1 - b2) * g * g
+            w[r] -= lr * (s[r, :d] / (1 - b1**t)) / (np.sqrt(s[r, d:2 * d] / (1 - b2**t)) + eps)
+    return w, s
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adagrad", "adam"])
+def test_kernels_match_a_numpy_reference(kind):
+    rng = np.random.default_rng(0)
+    opt = SparseOptimizer(kind)
+    weight = rng.normal(size=(50, 4)).astype(np.float32)
+    state = opt.new_state(50, 4)
+    expected_w, expected_s = weight.copy(), state.copy()
+    for _ in range(3):
+        rows = rng.choice(50, size=10, replace=False).astype(np.int64)
+        grads = rng.normal(size=(10, 4)).astype(np.float32)
+        expected_w, expected_s = reference_update(kind, expected_w, expected_s, rows, grads, 0.1)
+        opt.apply(weight, state, rows, grads, 0.1)
+    np.testing.assert_allclose(weight, expected_w, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(state, expected_s, rtol=1e-5, atol=1e-6)
+
+
+def test_coalesce_sums_duplicates():
+    rows = np.array([5, 2, 5, 9, 2, 5])
+    grads = np.arange(12, dtype=np.float32).reshape(6, 2)
+    uniq, summed = coalesce(rows, grads)
+    np.testing.assert_array_equal(uniq, [2, 5, 9])
+    np.testing.assert_array_equal(summed, [[2 + 8, 3 + 9], [0 + 4 + 10, 1 + 5 + 11], [6, 7]])
+    empty_rows, empty = coalesce(np.empty(0, np.int64), np.empty((0, 2), np.float32))
+    assert empty_rows.shape == (0,) and empty.shape == (0, 2)
+
+
+def test_initial_rows_do_not_depend_on_sharding():
+    whole = LocalTables(LAYOUT, SparseOptimizer(), seed=3)
+    shard = LocalTables(LAYOUT, SparseOptimizer(), seed=3, first=50, count=40)
+    np.testing.assert_array_equal(shard.weight, whole.weight[50:90])
+    np.testing.assert_array_equal(init_rows(LAYOUT, np.array([60, 8]), 3), whole.weight[[60, 8]])
+    bound = 1 / np.sqrt(LAYOUT.sizes[LAYOUT.table_of(np.arange(LAYOUT.total_rows))])
+    assert (np.abs(whole.weight) <= bound[:, None]).all()
+
+
+def test_out_of_range_ids_name_table_and_id():
+    with pytest.raises(EmbeddingError, match="id 3 is outside table 't2' of 3 rows"):
+        LAYOUT.global_rows(np.array([[0, 0, 3]]))
+    with pytest.raises(EmbeddingError, match="shape"):
+        LAYOUT.global_rows(np.array([[0, 0]]))
+
+
+def test_collection_gradients_equal_dense_embedding_bags():
+    """Pull-dedup-scatter gives the gradient torch's own EmbeddingBag computes."""
+    tables = LocalTables(LAYOUT, SparseOptimizer("sgd"), seed=1)
+    collection = EmbeddingCollection(LAYOUT, tables)
+    ids = np.array([[1, 5, 2], [1, 99, 2], [6, 5, 0]])
+    embedded, lookup = collection.lookup(ids)
+    weights = torch.arange(embedded.numel(), dtype=torch.float32).reshape(embedded.shape)
+    (embedded * weights).sum().backward()
+
+    bag = torch.nn.EmbeddingBag.from_pretrained(torch.from_numpy(tables.weight.copy()),
+                                                freeze=False, mode="sum")
+    rows = torch.from_numpy(LAYOUT.global_rows(ids))
+    out = bag(rows.reshape(-1, 1)).reshape(embedded.shape)
+    torch.testing.assert_close(out, embedded.detach())
+    (out * weights).sum().backward()
+    dense_grad = bag.weight.grad.numpy()
+    np.testing.assert_allclose(lookup.grads(), dense_grad[lookup.rows], rtol=1e-6)
+
+    before = tables.weight.copy()
+    collection.push([lookup], scale=1.0, lr=0.5)
+    np.testing.assert_allclose(tables.weight, before - 0.5 * dense_grad, rtol=1e-6, atol=1e-7)
