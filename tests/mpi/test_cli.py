@@ -1,0 +1,75 @@
+"""The command line under real ``mpiexec`` launches: errors, failures, real data, info."""
+
+import json
+import sys
+import time
+
+from harness import run_mpi
+
+HPCTRAIN = [sys.executable, "-m", "hpctrain.cli"]
+QUIET = ["--set", "train.progress=false"]
+
+
+def test_config_error_is_one_line_and_exit_2_on_every_rank():
+    result = run_mpi([*HPCTRAIN, "train", "--set", "no.such_key=1"], ranks=2, timeout=60)
+    assert result.returncode == 2
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 1 and "no.such_key" in lines[0] and lines[0].startswith("hpctrain:")
+
+
+def test_world_too_small_for_servers_is_a_config_error():
+    result = run_mpi([*HPCTRAIN, "train", "--set", "ps.servers=2"], ranks=2, timeout=60)
+    assert result.returncode == 2
+    assert "ps.servers = 2 leaves no worker in a world of 2 ranks" in result.stdout
+
+
+def test_an_exception_on_one_rank_ends_the_job(tmp_path):
+    script = tmp_path / "boom.py"
+    script.write_text(
+        "from mpi4py import MPI\n"
+        "from hpctrain.errors import DataError\n"
+        "from hpctrain.runtime.abort import run_guarded\n"
+        "import sys\n"
+        "def body():\n"
+        "    if MPI.COMM_WORLD.Get_rank() == 1:\n"
+        "        raise (ValueError if sys.argv[1] == 'bug' else DataError)('broken on purpose')\n"
+        "    MPI.COMM_WORLD.Barrier()\n"
+        "run_guarded(body)\n")
+    for kind, code in (("bug", 1), ("user", 2)):
+        start = time.monotonic()
+        result = run_mpi([sys.executable, str(script), kind], ranks=3, timeout=60)
+        assert time.monotonic() - start < 60
+        assert result.returncode == code, result.stdout
+        assert "rank 1" in result.stdout and "broken on purpose" in result.stdout
+        if kind == "bug":
+            assert "Traceback" in result.stdout and "ValueError" in result.stdout
+
+
+def test_train_on_the_real_criteo_sample(tmp_path):
+    result = run_mpi([*HPCTRAIN, "train", "jobs/configs/criteo_sample.toml", *QUIET,
+                      "--set", f"train.run_dir={str(tmp_path)!r}"], ranks=2, timeout=120)
+    assert result.returncode == 0, result.stdout
+    assert "eval AUC" in result.stdout and "samples/s step only" in result.stdout
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["steps"] == 30 and summary["eval"]["samples"] == 20
+
+
+def test_preprocess_then_train_from_hdf5_on_three_ranks(tmp_path):
+    out = tmp_path / "sample.h5"
+    pre = run_mpi([*HPCTRAIN, "preprocess", "jobs/configs/criteo_sample.toml", "--out",
+                   str(out)], ranks=1, timeout=60)
+    assert pre.returncode == 0 and out.exists(), pre.stdout
+    result = run_mpi([*HPCTRAIN, "train", "jobs/configs/criteo_sample.toml", *QUIET,
+                      "--set", "data.source='hdf5'", "--set", f"data.paths=[{str(out)!r}]",
+                      "--set", f"train.run_dir={str(tmp_path / 'run')!r}"], ranks=3,
+                     timeout=120)
+    assert result.returncode == 0, result.stdout
+    assert "on 3 workers" in result.stdout
+
+
+def test_info_prints_the_world():
+    result = run_mpi([*HPCTRAIN, "info"], ranks=2, timeout=60)
+    assert result.returncode == 0, result.stdout
+    for fact in ("MPI library", "MPICH", "2 ranks on 1 node(s)", "2 workers, 0 parameter",
+                 "thread level", "torch", "CUDA", "NCCL", "allocation"):
+        assert fact in result.stdout, fact

@@ -1,0 +1,91 @@
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from hpctrain.config import JobConfig, doc_table, dump_toml, load_config
+from hpctrain.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_defaults_are_the_embedded_job():
+    assert load_config() == JobConfig()
+    assert load_config().source == "embedded default"
+
+
+@pytest.mark.parametrize("override, words", [
+    ("no.such_key=1", ["no.such_key", "no section 'no'"]),
+    ("train.nokey=2", ["train.nokey", "keys of train", "batch_size"]),
+    ("train.batch_size=-3", ["train.batch_size", ">= 1", "-3"]),
+    ("train.batch_size=2.5", ["train.batch_size", "an integer"]),
+    ("train.progress=1", ["train.progress", "true or false"]),
+    ("train.optimizer=adam", ["train.optimizer", "'sgd', 'adagrad'"]),
+    ("train.lr=nan", ["train.lr", "nan"]),
+    ("data.table_sizes=[3, 0]", ["data.table_sizes[1]", ">= 1"]),
+    ("data.eval_fraction=0.95", ["data.eval_fraction", "[0.0, 0.9]"]),
+    ("model.top_mlp=[8, 2]", ["model.top_mlp", "must be 1"]),
+    ("model.bottom_mlp=[8, 4]", ["model.bottom_mlp", "embedding_dim=16"]),
+    ("data.source=criteo", ["data.paths", "needs at least one"]),
+    ("train", ["section.key=value"]),
+])
+def test_bad_overrides_name_the_key(override, words):
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=[override])
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_file_errors_name_file_and_line(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text("[train]\nlr = 0.1\nbatch_size = \"big\"\n")
+    with pytest.raises(ConfigError, match=r"train.batch_size \(.*job.toml:3\)"):
+        load_config(job)
+    job.write_text("[train\nlr = 0.1\n")
+    with pytest.raises(ConfigError, match="job.toml: invalid TOML"):
+        load_config(job)
+    with pytest.raises(ConfigError, match="cannot read the job file"):
+        load_config(tmp_path / "missing.toml")
+    job.write_text("train = 3\n")
+    with pytest.raises(ConfigError, match="must be a table"):
+        load_config(job)
+
+
+def test_precedence_cli_over_file_over_env(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text("[train]\nlr = 0.5\nsteps = 7\n")
+    env = {"HPCTRAIN_TRAIN__LR": "0.25", "HPCTRAIN_TRAIN__BATCH_SIZE": "64"}
+    cfg = load_config(job, ["train.steps=9"], env=env)
+    assert (cfg.train.lr, cfg.train.steps, cfg.train.batch_size) == (0.5, 9, 64)
+    assert load_config(None, [], env=env).train.lr == 0.25
+
+
+def test_data_paths_are_relative_to_the_job_file(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text('[data]\nsource = "criteo"\npaths = ["day_0.txt"]\n')
+    assert load_config(job).data.paths == (str(tmp_path / "day_0.txt"),)
+
+
+def test_dump_round_trips(tmp_path):
+    cfg = load_config(overrides=["train.lr=0.02", "data.table_sizes=[5, 6]",
+                                 'train.run_dir="a \\"b\\""'])
+    path = tmp_path / "resolved.toml"
+    path.write_text(dump_toml(cfg))
+    assert load_config(path) == cfg
+
+
+def test_every_key_is_documented_in_readme():
+    readme = (ROOT / "README.md").read_text()
+    table = doc_table()
+    defaults = JobConfig()
+    for section in dataclasses.fields(defaults):
+        if section.metadata.get("internal"):
+            continue
+        for f in dataclasses.fields(getattr(defaults, section.name)):
+            key = f"`{section.name}.{f.name}`"
+            assert key in table
+            assert key in readme, f"README.md does not document {key}"
+
+
+def test_default_job_file_matches_embedded_default():
+    assert load_config(ROOT / "jobs" / "configs" / "default.toml") == JobConfig()
