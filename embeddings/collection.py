@@ -40,16 +40,29 @@ class EmbeddingCollection:
         self.layout = layout
         self.store = store
         self.device = device or torch.device("cpu")
+        self._last: tuple[np.ndarray, np.ndarray, torch.Tensor] | None = None
 
     def lookup(self, ids: np.ndarray) -> tuple[torch.Tensor, Lookup]:
         """Embeddings ``[B, T, dim]`` of ``ids`` (int [B, T]) and the handle for their gradients."""
-        rows = torch.from_numpy(self.layout.global_rows(ids))
-        unique, inverse = torch.unique(rows.view(-1), return_inverse=True)
-        unique = unique.numpy()
+        unique, inverse = self._unique(ids)
         values = torch.from_numpy(self.store.pull(unique)).to(self.device).requires_grad_()
         # index_select's backward is an index_add, several times faster than indexing's.
         embedded = values.index_select(0, inverse.to(self.device))
-        return embedded.view(*rows.shape, self.layout.dim), Lookup(unique, values)
+        return embedded.view(*ids.shape, self.layout.dim), Lookup(unique, values)
+
+    def prefetch(self, ids: np.ndarray, ahead: int) -> None:
+        """Announce the ids of the next :meth:`lookup`, ``ahead`` (0 or 1) steps from now."""
+        self.store.prefetch(self._unique(ids)[0], ahead)
+
+    def _unique(self, ids: np.ndarray) -> tuple[np.ndarray, torch.Tensor]:
+        """Sorted unique global rows of ``ids`` and each id's index among them (the last
+        result is kept, so a prefetch and the lookup that follows share one sort)."""
+        if self._last is not None and self._last[0] is ids:
+            return self._last[1], self._last[2]
+        rows = torch.from_numpy(self.layout.global_rows(ids))
+        unique, inverse = torch.unique(rows.view(-1), return_inverse=True)
+        self._last = (ids, unique.numpy(), inverse)
+        return self._last[1], inverse
 
     def push(self, lookups: list[Lookup], scale: float, lr: float) -> None:
         """Push the gradients of ``lookups`` (one per micro-batch), multiplied by ``scale``."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -12,6 +12,8 @@ from hpctrain.errors import EmbeddingError
 from hpctrain.runtime import rng
 
 __all__ = ["TableLayout", "init_rows", "LocalTables"]
+
+_INIT_BLOCK = 1 << 14
 
 
 class TableLayout:
@@ -65,26 +67,32 @@ def init_rows(layout: TableLayout, rows: np.ndarray, seed: int) -> np.ndarray:
 
 
 class LocalTables(EmbeddingStore):
-    """Rows ``[first, first + count)`` of a layout in one contiguous array, with their
-    optimizer state; the building block of replicated stores and server shards."""
+    """Rows in one contiguous array with their optimizer state, addressed by slot.
+
+    Slot ``i`` holds global row ``rows_of(i, i + 1)[0]``: by default every row of the layout
+    in order (a replica); a server shard passes its plan's inverse placement. Initial values
+    come from :func:`init_rows`, block by block, so no full-size temporary is ever made.
+    """
 
     def __init__(self, layout: TableLayout, optimizer: SparseOptimizer, seed: int,
-                 first: int = 0, count: int | None = None) -> None:
+                 count: int | None = None,
+                 rows_of: Callable[[int, int], np.ndarray] | None = None) -> None:
         self.layout = layout
         self.dim = layout.dim
-        self.first = first
-        count = layout.total_rows - first if count is None else count
+        count = layout.total_rows if count is None else count
+        rows_of = rows_of or (lambda lo, hi: np.arange(lo, hi, dtype=np.int64))
         self.weight = np.empty((count, self.dim), dtype=np.float32)
-        block = 1 << 16
-        for lo in range(0, count, block):
-            hi = min(count, lo + block)
-            self.weight[lo:hi] = init_rows(layout, np.arange(first + lo, first + hi), seed)
+        for lo in range(0, count, _INIT_BLOCK):
+            hi = min(count, lo + _INIT_BLOCK)
+            self.weight[lo:hi] = init_rows(layout, rows_of(lo, hi), seed)
         self.optimizer = optimizer
         self.state = optimizer.new_state(count, self.dim)
 
     def pull(self, rows: np.ndarray) -> np.ndarray:
-        return np.take(self.weight, rows - self.first, axis=0)
+        """Values at slots ``rows``."""
+        return np.take(self.weight, rows, axis=0)
 
     def push(self, rows: np.ndarray, grads: np.ndarray, lr: float) -> None:
+        """Apply gradients at slots ``rows`` (repeats summed first)."""
         rows, grads = coalesce(rows, grads)
-        self.optimizer.apply(self.weight, self.state, rows - self.first, grads, lr)
+        self.optimizer.apply(self.weight, self.state, rows, grads, lr)

@@ -37,5 +37,12 @@ class EmbeddingStore(ABC):
     def push(self, rows: np.ndarray, grads: np.ndarray, lr: float) -> None:
         """Apply gradients ``grads`` (float32 [n, dim]) of ``rows`` with learning rate ``lr``.
 
-        Rows may repeat; their gradients are summed before the optimizer sees them.
+        Rows may repeat; their gradients are summed before the optimizer sees them. A push
+        ends the caller's step.
+        """
+
+    def prefetch(self, rows: np.ndarray, ahead: int) -> None:  # noqa: B027 - optional hook
+        """Hint: the next :meth:`pull` asks for ``rows`` (unique), ``ahead`` pushes from now.
+
+        Stores whose rows are remote start fetching them; local stores need nothing.
         """

@@ -29,7 +29,7 @@ __all__ = ["main"]
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        config = load_config(args.job, args.set)
+        config = load_config(args.job, [*args.set, *_bench_overrides(args)])
         setup_logging(world_rank(), config.runtime.log_level)
         topo = build_topology(config) if args.command in _NEEDS_WORLD else None
     except HpctrainError as exc:
@@ -60,14 +60,30 @@ def _parser() -> argparse.ArgumentParser:
     pre.add_argument("--out", required=True, help="output .h5 path (written atomically)")
     cfg = command("config", "print the resolved job as TOML")
     cfg.add_argument("--doc", action="store_true", help="print the table of all config keys")
+    bench = sub.add_parser("bench", help="benchmarks, with ratios to a baseline measured in "
+                                         "the same run")
+    bench.set_defaults(job=None, set=[])
+    kinds = bench.add_subparsers(dest="bench", required=True)
+    ps = kinds.add_parser("ps", help="parameter-server pull/push rows/s and bytes per step "
+                                     "against torch EmbeddingBag(sparse=True)")
+    ps.add_argument("--servers", type=int, default=1, help="server ranks (default 1)")
+    from hpctrain.bench import ps as bench_ps
+
+    bench_ps.add_arguments(ps)
     return parser
+
+
+def _bench_overrides(args: argparse.Namespace) -> list[str]:
+    if args.command == "bench" and args.bench == "ps":
+        return [f"ps.servers={args.servers}", "train.progress=false"]
+    return []
 
 
 def _train(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -> int:
     from hpctrain.train.report import print_summary
-    from hpctrain.train.trainer import Trainer
+    from hpctrain.train.trainer import run_training
 
-    summary = Trainer(config, topo).fit()
+    summary = run_training(config, topo)
     if topo.rank == 0:
         print_summary(summary, topo.workers)
     return 0
@@ -92,14 +108,29 @@ def _preprocess(args: argparse.Namespace, config: JobConfig, topo: Topology | No
     return 0
 
 
+def _bench(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -> int:
+    from hpctrain.bench.report import print_rows
+
+    if args.bench == "ps":
+        from hpctrain.bench import ps as bench_ps
+
+        rows = bench_ps.run(args, topo)
+        columns = ["mode", "prefetch", "rows_per_s", "baseline_rows_per_s", "ratio_to_baseline",
+                   "bytes_per_step", "bytes_ratio", "server_memory_ratio"]
+    if rows is not None:
+        print_rows(rows, columns, args.json)
+    return 0
+
+
 def _config(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -> int:
     if world_rank() == 0:
         print(doc_table() if args.doc else dump_toml(config), end="")
     return 0
 
 
-_COMMANDS = {"train": _train, "info": _info, "preprocess": _preprocess, "config": _config}
-_NEEDS_WORLD = {"train", "info"}
+_COMMANDS = {"train": _train, "info": _info, "preprocess": _preprocess, "config": _config,
+             "bench": _bench}
+_NEEDS_WORLD = {"train", "info", "bench"}
 
 if __name__ == "__main__":
     sys.exit(main())

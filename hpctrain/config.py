@@ -124,6 +124,14 @@ class TrainConfig:
 class PSConfig:
     servers: int = option(0, "ranks that act as parameter servers (the last ranks of the "
                              "world); 0 keeps every table on every worker", min=0)
+    sharding: str = option("auto", "placement of table rows on the servers; auto: tables "
+                                   "under table_wise_below rows whole on one server, larger "
+                                   "ones row_hash", choices=("auto", "table", "row_range",
+                                                             "row_hash"))
+    table_wise_below: int = option(100_000, "auto sharding: tables with fewer rows stay whole",
+                                   min=1)
+    prefetch: bool = option(False, "pull the next batch's rows while the current one "
+                                   "computes (reads become one step stale)")
 
 
 @dataclass(frozen=True)

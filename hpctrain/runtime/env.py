@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+import resource
 
 from mpi4py import MPI
 
-__all__ = ["mpi_library", "allocation"]
+__all__ = ["mpi_library", "allocation", "current_rss_bytes", "peak_rss_bytes"]
 
 _ALLOCATION_VARS = (
     "SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_JOB_NUM_NODES", "SLURM_NTASKS",
@@ -32,3 +33,17 @@ def mpi_library() -> dict[str, str]:
 def allocation() -> dict[str, str]:
     """Batch-system and launcher variables present in this rank's environment."""
     return {k: os.environ[k] for k in _ALLOCATION_VARS if k in os.environ}
+
+
+def current_rss_bytes() -> int:
+    """Resident memory of this process now (Linux ``/proc/self/statm``; 0 elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:  # pragma: no cover - not Linux
+        return 0
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident memory of this process so far."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -19,9 +19,25 @@ def format_summary(summary: Summary, workers: int) -> str:
         ("train loss (last)", f"{summary.train_loss:.4f}"),
         ("samples/s end to end", f"{summary.samples_per_s:,.0f}  ({summary.wall_s:.1f} s)"),
         ("samples/s step only", f"{summary.step_samples_per_s:,.0f}  ({summary.step_s:.1f} s)"),
-        ("peak RSS per rank", f"{max(rss):,.0f} MB max" + (
+        ("step time (worker 0)", "  ".join(
+            f"{k} {100 * v / max(summary.wall_s, 1e-9):.0f}%"
+            for k, v in summary.phase_s.items())),
+        ("peak RSS per worker", f"{max(rss):,.0f} MB max" + (
             f" ({', '.join(f'{m:,.0f}' for m in rss)})" if len(rss) <= 8 else "")),
     ]
+    if summary.ps_clients:
+        c = summary.ps_clients[0]
+        steps = max(summary.steps, 1)
+        wire = c["pull_bytes_sent"] + c["pull_bytes_received"] + c["push_bytes_sent"]
+        rows.append(("ps traffic (worker 0)",
+                     f"{wire / steps / 1024:,.1f} KiB/step, "
+                     f"pull wait {100 * c['pull_wait_s'] / max(summary.wall_s, 1e-9):.1f}% "
+                     f"of the run, {c['prefetch_hits']:,} prefetch hits"))
+    for s in summary.ps_servers:
+        rows.append((f"server rank {s['rank']}",
+                     f"{s['pulls']:,} pulls, {s['pushes']:,} pushes, {s['rows_out']:,} rows "
+                     f"out, {s['rows_in']:,} in, {s['deferred']:,} deferred "
+                     f"({s['deferred_wait_s']:.2f} s), {s['resident_bytes'] / 2**20:,.1f} MB"))
     if summary.skipped_lines:
         rows.append(("skipped input lines", f"{summary.skipped_lines:,}"))
     rows.append(("run dir", summary.run_dir))

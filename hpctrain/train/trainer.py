@@ -1,21 +1,23 @@
-"""The training loop: the one place that wires data, embeddings, the dense model and sync.
+"""The training loop: the one place that wires data, embeddings, parameter server and dense.
 
-One step (data-parallel, every worker holding all tables, BSP):
+One step (``accumulate`` micro-batches per optimizer step):
 
-1. each worker reads its slice of the global batch (``accumulate`` micro-batches);
-2. embeddings of the batch's unique rows are pulled from the store, the dense model runs
-   forward and backward on the summed loss;
-3. dense gradients, the sample count and the loss sum are summed over the workers in one
-   allreduce, then divided by the global sample count (exact mean even for uneven slices);
-4. the dense optimizer steps; the touched rows' gradients are pushed to the store, which
-   exchanges them among the workers and applies the sparse optimizer.
+1. each worker reads its slice of the global batch;
+2. the batch's unique embedding rows come from the store: replicas on every worker, or the
+   parameter servers (prefetched during the previous micro-batch when ``ps.prefetch``);
+3. the dense model runs forward and backward on the summed loss;
+4. dense gradients, the sample count and the loss sum are summed over the workers in one
+   allreduce and divided by the global count (an exact mean, also for uneven slices);
+5. the dense optimizer steps, and the touched rows' gradients are pushed to the store, which
+   applies the sparse optimizer where the rows live. The push ends the worker's step.
 """
 
 from __future__ import annotations
 
 import logging
-import resource
 import time
+from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,19 +31,24 @@ from embeddings.replicated import ReplicatedTables
 from embeddings.tables import LocalTables, TableLayout
 from hpctrain.comm.native import gatherv
 from hpctrain.config import JobConfig
-from hpctrain.data import open_dataset
+from hpctrain.data import Batch, Dataset, open_dataset
 from hpctrain.data.sharding import batches_per_epoch, local_slice
-from hpctrain.errors import ConfigError
 from hpctrain.models.dlrm import DLRM
 from hpctrain.parallel.data import DataParallel
+from hpctrain.runtime.env import peak_rss_bytes
 from hpctrain.runtime.topology import shard_range
 from hpctrain.runtime.world import Topology
+from hpctrain.sync.bsp import BSP
 from hpctrain.train import metrics
 from hpctrain.train.rundir import RunDir, default_run_dir
+from ps.client import PSClient
+from ps.service import PSJob
 
-__all__ = ["Trainer", "Summary"]
+__all__ = ["Trainer", "Summary", "run_training"]
 
 log = logging.getLogger(__name__)
+
+PHASES = ("data", "lookup", "compute", "dense_sync", "optimizer", "push")
 
 
 @dataclass
@@ -51,12 +58,19 @@ class Summary:
     steps: int = 0
     samples: int = 0
     wall_s: float = 0.0
-    step_s: float = 0.0
+    phase_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     train_loss: float = float("nan")
     eval: dict[str, float] = field(default_factory=dict)
     peak_rss_mb: list[float] = field(default_factory=list)
     skipped_lines: int = 0
     run_dir: str = ""
+    ps_clients: list[dict[str, float]] = field(default_factory=list)
+    ps_servers: list[dict[str, float]] = field(default_factory=list)
+
+    @property
+    def step_s(self) -> float:
+        """Time in the training step proper (everything but reading data)."""
+        return sum(v for k, v in self.phase_s.items() if k != "data")
 
     @property
     def samples_per_s(self) -> float:
@@ -68,33 +82,71 @@ class Summary:
 
     def as_dict(self) -> dict[str, object]:
         return {"steps": self.steps, "samples": self.samples, "wall_s": self.wall_s,
-                "step_s": self.step_s, "samples_per_s": self.samples_per_s,
+                "step_s": self.step_s, "phase_s": self.phase_s,
+                "samples_per_s": self.samples_per_s,
                 "step_samples_per_s": self.step_samples_per_s, "train_loss": self.train_loss,
                 "eval": self.eval, "peak_rss_mb": self.peak_rss_mb,
-                "skipped_lines": self.skipped_lines}
+                "skipped_lines": self.skipped_lines, "ps_clients": self.ps_clients,
+                "ps_servers": self.ps_servers}
+
+
+def run_training(config: JobConfig, topo: Topology) -> Summary:
+    """Train on every rank of ``topo``: workers run the :class:`Trainer`, parameter-server
+    ranks serve their shards. Collective over the world; world rank 0 gets the full summary
+    (the server counters included)."""
+    dataset = open_dataset(config.data) if topo.is_worker else None
+    sizes = topo.world.bcast(dataset.table_sizes if topo.rank == 0 else None, root=0)
+    layout = TableLayout.from_sizes(sizes, config.model.embedding_dim)
+    job = None
+    if config.ps.servers:
+        job = PSJob.create(topo.world, topo.roles, layout, config.ps, config.train.seed)
+    summary, server_stats = Summary(), None
+    if topo.is_worker:
+        trainer = Trainer(config, topo, dataset, layout, job)
+        summary = trainer.fit()
+        trainer.close()
+    else:
+        optimizer = SparseOptimizer(config.train.optimizer)
+        server_stats = job.serve(optimizer, config.train.seed, BSP).as_dict()
+    gathered = topo.world.gather(server_stats, root=0)
+    if topo.rank == 0:
+        summary.ps_servers = [s for s in gathered if s is not None]
+        trainer.finish(summary)
+    return summary
 
 
 class Trainer:
-    def __init__(self, config: JobConfig, topo: Topology) -> None:
-        if config.ps.servers:
-            raise ConfigError("ps.servers > 0: the parameter server is not part of this build")
+    """Trains the DLRM on this worker; collective over the workers (``topo.role_comm``)."""
+
+    def __init__(self, config: JobConfig, topo: Topology, dataset: Dataset | None = None,
+                 layout: TableLayout | None = None, job: PSJob | None = None) -> None:
+        """Tables live on ``job``'s servers when given, else replicated on every worker."""
         self.config = config
         self.topo = topo
         self.comm = topo.role_comm
-        self.dataset = open_dataset(config.data)
-        self.layout = TableLayout.from_sizes(self.dataset.table_sizes,
-                                             config.model.embedding_dim)
+        self.dataset = dataset or open_dataset(config.data)
+        self.layout = layout or TableLayout.from_sizes(self.dataset.table_sizes,
+                                                       config.model.embedding_dim)
         tc = config.train
         torch.manual_seed(tc.seed)
         self.model = DLRM(config.model, len(self.layout.specs)).to(topo.device)
         self.dp = DataParallel(self.model, self.comm)
         optim_cls = torch.optim.SGD if tc.optimizer == "sgd" else torch.optim.Adagrad
         self.optimizer = optim_cls(self.model.parameters(), lr=tc.lr)
-        tables = LocalTables(self.layout, SparseOptimizer(tc.optimizer), seed=tc.seed)
-        self.embeddings = EmbeddingCollection(self.layout, ReplicatedTables(tables, self.comm),
-                                              topo.device)
+        if job:
+            self.store = job.client()
+        else:
+            tables = LocalTables(self.layout, SparseOptimizer(tc.optimizer), tc.seed)
+            self.store = ReplicatedTables(tables, self.comm)
+        self.embeddings = EmbeddingCollection(self.layout, self.store, topo.device)
+        self.prefetch = job is not None and config.ps.prefetch
         epoch = batches_per_epoch(self.dataset.num_samples("train"), tc.batch_size)
         self.steps = tc.steps or max(1, epoch // tc.accumulate)
+        self.run = (RunDir(tc.run_dir or default_run_dir(), config)
+                    if self.comm.Get_rank() == 0 else None)
+        if self.run and job:
+            self.run.write_text("plan.json", job.plan.to_json())
+        self.phase_s: dict[str, float] = defaultdict(float)
 
     # -- one step --------------------------------------------------------------------------
 
@@ -102,37 +154,63 @@ class Trainer:
         tc = self.config.train
         return tc.lr * min(1.0, (step + 1) / tc.warmup_steps) if tc.warmup_steps else tc.lr
 
-    def step(self, step: int) -> tuple[int, float, float]:
-        """Run optimizer step ``step``; returns (global samples, mean loss, data seconds)."""
+    def micro_batches(self) -> Iterator[tuple[int, Batch]]:
+        """(micro-batch index, this worker's slice) for every micro-batch of the run."""
+        for index in range(self.steps * self.config.train.accumulate):
+            start = time.perf_counter()
+            batch = self._read("train", index, self.config.train.batch_size)
+            self.phase_s["data"] += time.perf_counter() - start
+            yield index, batch
+
+    def step(self, step: int, batches: Iterator[tuple[int, Batch]],
+             ahead: list[tuple[int, Batch]]) -> tuple[int, float]:
+        """Run optimizer step ``step``; returns (global samples, mean loss).
+
+        ``ahead`` holds the next micro-batch, read one early so its rows can be prefetched.
+        """
         tc = self.config.train
         lookups: list[Lookup] = []
-        count, loss_sum, data_s = 0, 0.0, 0.0
-        for micro in range(tc.accumulate):
+        count, loss_sum = 0, 0.0
+        for _ in range(tc.accumulate):
+            index, batch = ahead.pop() if ahead else next(batches)
+            if self.prefetch:
+                upcoming = next(batches, None)
+                if upcoming is not None:
+                    ahead.append(upcoming)
             t0 = time.perf_counter()
-            batch = self._read("train", step * tc.accumulate + micro, tc.batch_size)
-            data_s += time.perf_counter() - t0
-            if len(batch) == 0:
-                continue
             embedded, lookup = self.embeddings.lookup(batch.sparse)
+            if ahead and len(ahead[0][1]):
+                next_step = ahead[0][0] // tc.accumulate
+                self.embeddings.prefetch(ahead[0][1].sparse, next_step - step)
+            t1 = time.perf_counter()
             logits = self.model(self._tensor(batch.dense), embedded)
             loss = F.binary_cross_entropy_with_logits(logits, self._tensor(batch.labels),
                                                       reduction="sum")
             loss.backward()
+            self.phase_s["lookup"] += t1 - t0
+            self.phase_s["compute"] += time.perf_counter() - t1
             lookups.append(lookup)
             count += len(batch)
             loss_sum += loss.item()
+        t0 = time.perf_counter()
         total, total_loss = self.dp.allreduce([count, loss_sum])
         scale = 1.0 / max(total, 1.0)
         self.dp.scale(scale)
+        t1 = time.perf_counter()
         lr = self.learning_rate(step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.step()
-        self.embeddings.push(lookups, scale, lr)
         self.dp.zero()
-        return int(total), total_loss * scale, data_s
+        t2 = time.perf_counter()
+        self.embeddings.push(lookups, scale, lr)
+        t3 = time.perf_counter()
+        for phase, seconds in (("dense_sync", t1 - t0), ("optimizer", t2 - t1),
+                               ("push", t3 - t2)):
+            self.phase_s[phase] += seconds
+        return int(total), total_loss * scale
 
-    def _read(self, split: str, index: int, global_batch: int):
+    def _read(self, split: str, index: int, global_batch: int) -> Batch:
         start, stop = local_slice(index, self.dataset.num_samples(split), global_batch,
                                   self.comm.Get_rank(), self.comm.Get_size())
         return self.dataset.read(split, start, stop)
@@ -173,17 +251,16 @@ class Trainer:
     # -- the loop --------------------------------------------------------------------------
 
     def fit(self) -> Summary:
+        """Train ``self.steps`` steps, evaluate, and return this worker's summary."""
         tc = self.config.train
-        lead = self.comm.Get_rank() == 0
-        run = RunDir(tc.run_dir or default_run_dir(), self.config) if lead else None
+        run = self.run
         summary = Summary(run_dir=str(run.path) if run else "")
-        bar = tqdm(total=self.steps, unit="step", disable=not (lead and tc.progress))
+        bar = tqdm(total=self.steps, unit="step", disable=not (run and tc.progress))
+        batches, ahead = self.micro_batches(), []
         window_loss, window_n = 0.0, 0
         start = time.perf_counter()
         for step in range(self.steps):
-            t0 = time.perf_counter()
-            samples, loss, data_s = self.step(step)
-            summary.step_s += time.perf_counter() - t0 - data_s
+            samples, loss = self.step(step, batches, ahead)
             summary.samples += samples
             window_loss, window_n = window_loss + loss, window_n + 1
             bar.update()
@@ -197,26 +274,37 @@ class Trainer:
                 bar.set_postfix(loss=f"{summary.train_loss:.4f}")
                 window_loss, window_n = 0.0, 0
             if tc.eval_every and done % tc.eval_every == 0 and done != self.steps:
-                self._log_eval(run, done)
+                self._log_eval(done)
         bar.close()
         summary.steps = self.steps
         summary.wall_s = time.perf_counter() - start
-        summary.eval = self._log_eval(run, self.steps)
-        summary.peak_rss_mb, summary.skipped_lines = self._rank_facts()
-        if run:
-            run.write_json("summary.json", summary.as_dict())
-            run.close()
+        summary.phase_s = {k: self.phase_s[k] for k in PHASES}
+        summary.eval = self._log_eval(self.steps)
+        facts = self.comm.gather(self._rank_facts(), root=0)
+        if facts:
+            summary.peak_rss_mb = [f["peak_rss_mb"] for f in facts]
+            summary.skipped_lines = sum(f["skipped"] for f in facts)
+            summary.ps_clients = [f["client"] for f in facts if f["client"]]
         return summary
 
-    def _log_eval(self, run: RunDir | None, step: int) -> dict[str, float]:
+    def close(self) -> None:
+        """Tell the parameter servers this worker is done (no-op for replicated tables)."""
+        if isinstance(self.store, PSClient):
+            self.store.close()
+
+    def finish(self, summary: Summary) -> None:
+        """Write the summary into the run directory (worker 0)."""
+        if self.run:
+            self.run.write_json("summary.json", summary.as_dict())
+            self.run.close()
+
+    def _log_eval(self, step: int) -> dict[str, float]:
         result = self.evaluate()
-        if run:
-            run.log({"step": step, **{f"eval_{k}": v for k, v in result.items()}})
+        if self.run:
+            self.run.log({"step": step, **{f"eval_{k}": v for k, v in result.items()}})
         return result
 
-    def _rank_facts(self) -> tuple[list[float], int]:
-        """Peak resident MB of every worker and the total of skipped input lines
-        (``allgather`` over the workers)."""
-        kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        facts = self.comm.allgather((kib, self.dataset.skipped))
-        return [k / 1024.0 for k, _ in facts], sum(s for _, s in facts)
+    def _rank_facts(self) -> dict[str, object]:
+        client = self.store.stats.as_dict() if isinstance(self.store, PSClient) else None
+        return {"peak_rss_mb": peak_rss_bytes() / 2**20,
+                "skipped": self.dataset.skipped, "client": client}

@@ -73,3 +73,27 @@ def test_info_prints_the_world():
     for fact in ("MPI library", "MPICH", "2 ranks on 1 node(s)", "2 workers, 0 parameter",
                  "thread level", "torch", "CUDA", "NCCL", "allocation"):
         assert fact in result.stdout, fact
+
+
+def test_train_with_a_parameter_server_and_bench_it(tmp_path):
+    result = run_mpi([*HPCTRAIN, "train", "jobs/configs/ps_hybrid.toml", *QUIET,
+                      "--set", "data.train_samples=20000", "--set", "data.eval_samples=2000",
+                      "--set", f"train.run_dir={str(tmp_path)!r}"], ranks=3, timeout=120)
+    assert result.returncode == 0, result.stdout
+    assert "on 2 workers" in result.stdout and "server rank 2" in result.stdout
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["ps_servers"][0]["pushes"] == 2 * summary["steps"]
+    assert summary["ps_clients"][0]["prefetch_hits"] == summary["steps"] - 1
+    assert json.loads((tmp_path / "plan.json").read_text())["servers"] == 1
+
+    out = tmp_path / "bench.json"
+    bench = run_mpi([*HPCTRAIN, "bench", "ps", "--servers", "2", "--tables", "3", "--rows",
+                     "5000", "--batch", "256", "--steps", "4", "--json", str(out)], ranks=4,
+                    timeout=120)
+    assert bench.returncode == 0, bench.stdout
+    rows = json.loads(out.read_text())
+    assert {(r["mode"], r["prefetch"]) for r in rows} == {
+        (m, p) for m in ("pull", "push") for p in (False, True)}
+    for row in rows:
+        assert 1.0 <= row["bytes_ratio"] <= 1.05 and row["rows_per_s"] > 0
+        assert row["baseline_rows_per_s"] > 0 and row["servers"] == 2

@@ -56,7 +56,8 @@ def test_coalesce_sums_duplicates():
 
 def test_initial_rows_do_not_depend_on_sharding():
     whole = LocalTables(LAYOUT, SparseOptimizer(), seed=3)
-    shard = LocalTables(LAYOUT, SparseOptimizer(), seed=3, first=50, count=40)
+    shard = LocalTables(LAYOUT, SparseOptimizer(), seed=3, count=40,
+                        rows_of=lambda lo, hi: np.arange(50 + lo, 50 + hi))
     np.testing.assert_array_equal(shard.weight, whole.weight[50:90])
     np.testing.assert_array_equal(init_rows(LAYOUT, np.array([60, 8]), 3), whole.weight[[60, 8]])
     bound = 1 / np.sqrt(LAYOUT.sizes[LAYOUT.table_of(np.arange(LAYOUT.total_rows))])

@@ -1,0 +1,1 @@
+"""Synchronization models as policies over worker clocks (BSP, SSP, ASP)."""

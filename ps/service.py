@@ -1,0 +1,65 @@
+"""Setting up the parameter server inside one MPI job, on every rank.
+
+:meth:`PSJob.create` is collective over the world: rank 0 computes the sharding plan and
+broadcasts it (so every rank routes by the very same plan), and every rank ``Dup``s the world
+into the parameter-server communicator, whose tags belong to the protocol alone. Then
+server ranks :meth:`~PSJob.serve` and worker ranks talk to them through :meth:`~PSJob.client`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from mpi4py import MPI
+
+from embeddings.optim import SparseOptimizer
+from embeddings.sharding import Placement, ShardingPlan, plan_sharding
+from embeddings.tables import TableLayout
+from hpctrain.config import PSConfig
+from hpctrain.runtime.env import current_rss_bytes
+from hpctrain.runtime.topology import Roles
+from hpctrain.sync.types import SyncModel
+from ps.client import PSClient
+from ps.server import Server, ServerStats
+from ps.store import ShardStore
+
+__all__ = ["PSJob"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PSJob:
+    comm: MPI.Intracomm
+    roles: Roles
+    layout: TableLayout
+    plan: ShardingPlan
+    placement: Placement
+
+    @classmethod
+    def create(cls, world: MPI.Intracomm, roles: Roles, layout: TableLayout,
+               config: PSConfig, seed: int) -> PSJob:
+        """Plan on rank 0, ``bcast`` it, ``Dup`` the world; collective over ``world``."""
+        text = None
+        if world.Get_rank() == 0:
+            plan = plan_sharding(layout.specs, roles.servers, config.sharding,
+                                 config.table_wise_below, seed)
+            text = plan.to_json()
+            log.info("sharding plan: %s", plan.describe())
+        plan = ShardingPlan.from_json(world.bcast(text, root=0))
+        return cls(world.Dup(), roles, layout, plan, Placement(plan))
+
+    def client(self) -> PSClient:
+        return PSClient(self.comm, self.layout, self.placement, self.roles.server_ranks())
+
+    def serve(self, optimizer: SparseOptimizer, seed: int, sync: SyncModel) -> ServerStats:
+        """Hold this server's shard and serve the workers until they are all done."""
+        index = self.comm.Get_rank() - self.roles.workers
+        before = current_rss_bytes()
+        store = ShardStore(self.layout, self.placement, index, optimizer, seed)
+        server = Server(self.comm, store, self.roles.worker_ranks(), sync)
+        server.stats.rss_growth_bytes = current_rss_bytes() - before
+        log.info("server %d holds %d rows (%.1f MB)", index, self.placement.server_rows(index),
+                 store.resident_bytes() / 2**20)
+        return server.serve()

@@ -1,0 +1,111 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from embeddings.optim import SparseOptimizer
+from embeddings.sharding import Placement, ShardingPlan, plan_sharding
+from embeddings.tables import TableLayout, init_rows
+from hpctrain.errors import ConfigError, EmbeddingError
+from ps.store import ShardStore
+from ps.types import (
+    Op,
+    decode_reply,
+    decode_request,
+    encode_error,
+    encode_request,
+    encode_rows,
+    reply_capacity,
+)
+
+SIZES = [5, 1000, 37, 250_000, 3]
+
+
+@pytest.mark.parametrize("scheme", ["auto", "table", "row_range", "row_hash"])
+@pytest.mark.parametrize("servers", [1, 2, 3])
+def test_every_row_has_exactly_one_slot(scheme, servers):
+    layout = TableLayout.from_sizes(SIZES, 4)
+    plan = plan_sharding(layout.specs, servers, scheme, table_wise_below=100)
+    assert ShardingPlan.from_json(plan.to_json()) == plan
+    placement = Placement(plan)
+    for t, n in enumerate(SIZES):
+        ids = np.arange(n)
+        server, slot = placement.locate(t, ids)
+        assert ((server >= 0) & (server < servers)).all()
+        for s in range(servers):
+            mine = ids[server == s]
+            base = placement.base[s, t]
+            assert len(mine) == placement.counts[s, t]
+            np.testing.assert_array_equal(np.sort(slot[server == s] - base), np.arange(len(mine)))
+            np.testing.assert_array_equal(placement.ids_at(s, t)[slot[server == s] - base], mine)
+    assert sum(placement.server_rows(s) for s in range(servers)) == sum(SIZES)
+
+
+def test_auto_keeps_small_tables_whole_and_balances():
+    layout = TableLayout.from_sizes([10, 20, 30, 40, 500_000], 4)
+    plan = plan_sharding(layout.specs, 2, "auto", table_wise_below=1000)
+    assert [t.scheme for t in plan.tables] == ["table"] * 4 + ["row_hash"]
+    owners = {t.owner for t in plan.tables[:4]}
+    assert owners == {0, 1}
+    assert plan_sharding(layout.specs, 2, "auto", table_wise_below=1000) == plan
+    with pytest.raises(ConfigError, match="ps.sharding"):
+        plan_sharding(layout.specs, 2, "diagonal")
+
+
+def test_hashing_spreads_a_hot_head_over_servers():
+    layout = TableLayout.from_sizes([1_000_000], 4)
+    placement = Placement(plan_sharding(layout.specs, 4, "row_hash"))
+    server, _ = placement.locate(0, np.arange(1000))  # the 1000 hottest rows of a Zipf table
+    assert np.bincount(server, minlength=4).min() > 200
+
+
+@pytest.mark.parametrize("scheme", ["row_range", "row_hash", "table"])
+def test_initial_values_do_not_depend_on_sharding(scheme):
+    layout = TableLayout.from_sizes(SIZES, 4)
+    placement = Placement(plan_sharding(layout.specs, 3, scheme))
+    for s in range(3):
+        store = ShardStore(layout, placement, s, SparseOptimizer("adagrad"), seed=9)
+        for t in range(len(SIZES)):
+            ids = placement.ids_at(s, t)
+            slots = store.slots(t, ids)
+            expected = init_rows(layout, layout.offsets[t] + ids, seed=9)
+            np.testing.assert_array_equal(store.tables.weight[slots], expected)
+        assert store.resident_bytes() == placement.server_rows(s) * (4 + 1) * 4
+
+
+def test_store_names_table_and_id_of_bad_rows():
+    layout = TableLayout.from_sizes(SIZES, 4)
+    placement = Placement(plan_sharding(layout.specs, 2, "row_range"))
+    store = ShardStore(layout, placement, 0, SparseOptimizer(), seed=0)
+    with pytest.raises(EmbeddingError, match="id 1000 is outside table 't1' of 1000 rows"):
+        store.slots(1, np.array([3, 1000]))
+    with pytest.raises(EmbeddingError, match="belongs to server 1"):
+        store.slots(1, np.array([999]))
+    with pytest.raises(EmbeddingError, match="unknown table index 9"):
+        store.slots(9, np.array([0]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 30), st.lists(st.integers(0, 2**40), max_size=20)),
+                max_size=5), st.sampled_from([Op.PULL, Op.PUSH]), st.integers(0, 10**6),
+       st.floats(0, 10, allow_nan=False))
+def test_messages_round_trip(groups, op, step, lr):
+    tables = np.array([t for t, _ in groups], dtype=np.int64)
+    counts = np.array([len(ids) for _, ids in groups], dtype=np.int64)
+    ids = np.array([i for _, g in groups for i in g], dtype=np.int64)
+    grads = np.arange(len(ids) * 3, dtype=np.float32).reshape(-1, 3) if op == Op.PUSH else None
+    buf = encode_request(op, step, 7, 1, tables, counts, ids, grads, lr)
+    request = decode_request(buf, dim=3)
+    assert (request.op, request.step, request.seq, request.slack, request.lr) == (
+        op, step, 7, 1, lr)
+    assert [(t, list(i)) for t, i in request.table_ids()] == [(t, g) for t, g in groups]
+    if grads is not None:
+        np.testing.assert_array_equal(request.grads, grads)
+    rows = np.random.default_rng(0).normal(size=(len(ids), 3)).astype(np.float32)
+    reply = np.zeros(reply_capacity(len(ids), 3), dtype=np.uint8)
+    encoded = encode_rows(rows)
+    reply[: encoded.nbytes] = encoded
+    np.testing.assert_array_equal(decode_reply(reply, len(ids), 3), rows)
+    error = encode_error("table 't1': id 9 is outside")
+    reply[: error.nbytes] = error
+    assert decode_reply(reply, len(ids), 3) == "table 't1': id 9 is outside"
