@@ -1,0 +1,127 @@
+"""Which rows are hot: the budget, the re-tiering schedule, and hot-set selection (pure).
+
+Click-log ids follow a power law, so a few percent of the rows take most lookups; those are
+kept replicated on the workers (:mod:`embeddings.tiered`). Every ``interval`` steps the
+workers merge the counts they saw and each runs :meth:`HotSetPlanner.plan` on the same
+input, so they agree on the hot set without sending it.
+
+- **Budget**: :func:`hot_capacity` turns a budget in rows, bytes (values and optimizer state
+  and the row id) or a fraction of all rows into a row count, at most every row.
+- **LFU** (default): the rows with the highest decayed lookup counts
+  (:class:`~embeddings.freq.FrequencyTracker`); ties go to the most recently seen, then the
+  lower row.
+- **LRU** (for comparison): the rows seen most recently, ties to the higher count.
+- **Admission**: a row is eligible only once its decayed count reaches ``admission``, so a
+  row seen once in the long tail does not displace a hot one.
+
+Only rows that can matter are scored: the hot set, a reserve of as many runners-up, and the
+rows seen since the last plan. A row outside all three was outranked by ``2 * capacity``
+rows at the last plan and has not been seen since.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from embeddings.freq import FrequencyTracker
+
+__all__ = ["POLICIES", "BUDGET_UNITS", "hot_capacity", "retier_due", "merge_seen", "Retier",
+           "HotSetPlanner"]
+
+POLICIES = ("lfu", "lru")
+BUDGET_UNITS = ("fraction", "rows", "bytes")
+
+_NO_ROWS = np.empty(0, dtype=np.int64)
+
+
+def hot_capacity(budget: float, unit: str, total_rows: int, row_bytes: int) -> int:
+    """Hot rows that ``budget`` allows: ``budget`` is a share of ``total_rows``, a row count,
+    or bytes at ``row_bytes`` per hot row. A budget above the table makes every row hot."""
+    if not math.isfinite(budget) or budget < 0:
+        raise ValueError(f"a hot-tier budget must be a finite number >= 0, got {budget!r}")
+    if unit not in BUDGET_UNITS:
+        raise ValueError(f"unknown budget unit {unit!r}; expected one of {BUDGET_UNITS}")
+    if unit == "fraction":
+        rows = budget * total_rows
+    elif unit == "rows":
+        rows = budget
+    else:
+        rows = budget / row_bytes
+    return int(min(total_rows, math.floor(rows)))
+
+
+def retier_due(step: int, interval: int) -> bool:
+    """Whether the hot set is recomputed after 0-based step ``step``: after steps 1, 2, 4,
+    8, ... while under ``interval`` (the first batches already reveal most of the head),
+    then after every ``interval``-th step."""
+    done = step + 1
+    return done % interval == 0 or (done < interval and done & (done - 1) == 0)
+
+
+def merge_seen(rows: np.ndarray, counts: np.ndarray,
+               last: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Observations of several workers merged: sorted unique rows, summed counts, and the
+    latest step each row was seen."""
+    unique, inverse = np.unique(rows, return_inverse=True)
+    summed = np.zeros(len(unique), dtype=np.float32)
+    np.add.at(summed, inverse, counts)
+    latest = np.full(len(unique), -1, dtype=np.int64)
+    np.maximum.at(latest, inverse, last)
+    return unique, summed, latest
+
+
+@dataclass(frozen=True)
+class Retier:
+    """A re-tiering: the new hot set, and the rows entering and leaving it (all sorted)."""
+
+    hot: np.ndarray
+    promoted: np.ndarray
+    demoted: np.ndarray
+
+
+class HotSetPlanner:
+    """Chooses the hot set from the counts every worker has merged."""
+
+    def __init__(self, tracker: FrequencyTracker, capacity: int, policy: str = "lfu",
+                 admission: float = 0.0, decay: float = 1.0) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown policy {policy!r}; expected one of {POLICIES}")
+        self.tracker = tracker
+        self.capacity = capacity
+        self.policy = policy
+        self.admission = admission
+        self.decay = decay
+        self.hot = _NO_ROWS
+        self._pool, self._pool_last = _NO_ROWS, _NO_ROWS  # hot set and reserve, sorted
+        self._seen: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def record(self, rows: np.ndarray, counts: np.ndarray, last: np.ndarray) -> None:
+        """Count merged observations (:func:`merge_seen`): unique rows, their lookups, and
+        the step each was last seen."""
+        self.tracker.add(rows, counts)
+        self._seen.append((rows, last))
+
+    def plan(self) -> Retier:
+        """The next hot set; then every count decays by ``decay``."""
+        rows = np.concatenate([self._pool, *(r for r, _ in self._seen)])
+        last = np.concatenate([self._pool_last, *(s for _, s in self._seen)])
+        self._seen = []
+        candidates, inverse = np.unique(rows, return_inverse=True)
+        latest = np.full(len(candidates), -1, dtype=np.int64)
+        np.maximum.at(latest, inverse, last)
+        freq = self.tracker.estimate(candidates)
+        first, second = (freq, latest) if self.policy == "lfu" else (latest, freq)
+        order = np.lexsort((candidates, -second, -first))
+        order = order[freq[order] >= self.admission]
+        hot = np.sort(candidates[order[: self.capacity]])
+        pool = order[: 2 * self.capacity]
+        pool = pool[np.argsort(candidates[pool])]
+        self._pool, self._pool_last = candidates[pool], latest[pool]
+        self.tracker.decay(self.decay)
+        retier = Retier(hot, np.setdiff1d(hot, self.hot, assume_unique=True),
+                        np.setdiff1d(self.hot, hot, assume_unique=True))
+        self.hot = hot
+        return retier
