@@ -28,13 +28,21 @@ import numpy as np
 
 from embeddings.freq import FrequencyTracker
 
-__all__ = ["POLICIES", "BUDGET_UNITS", "hot_capacity", "retier_due", "merge_seen", "Retier",
-           "HotSetPlanner"]
+__all__ = ["POLICIES", "BUDGET_UNITS", "hot_row_bytes", "hot_capacity", "retier_due",
+           "merge_seen", "Retier", "HotSetPlanner"]
 
 POLICIES = ("lfu", "lru")
 BUDGET_UNITS = ("fraction", "rows", "bytes")
 
 _NO_ROWS = np.empty(0, dtype=np.int64)
+
+
+def hot_row_bytes(dim: int, state_width: int, delayed: bool = False) -> int:
+    """Bytes one hot row costs on each worker: its id (int64), values and optimizer state
+    (float32); ``delayed`` (a staleness bound above 0) adds the shared base copy, the
+    accumulated gradient and a touched flag (see :mod:`embeddings.tiered`)."""
+    row = 8 + 4 * (dim + state_width)
+    return row + 4 * (dim + state_width) + 4 * dim + 1 if delayed else row
 
 
 def hot_capacity(budget: float, unit: str, total_rows: int, row_bytes: int) -> int:

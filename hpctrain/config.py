@@ -32,6 +32,7 @@ __all__ = [
     "ModelConfig",
     "TrainConfig",
     "PSConfig",
+    "TieringConfig",
     "JobConfig",
     "load_config",
     "dump_toml",
@@ -135,12 +136,39 @@ class PSConfig:
 
 
 @dataclass(frozen=True)
+class TieringConfig:
+    budget: float = option(0.0, "hot tier: rows replicated on every worker, in budget_unit; 0 "
+                                "is off, a budget above the tables makes every row hot "
+                                "(needs ps.servers >= 1, where the cold rows stay)", min=0.0)
+    budget_unit: str = option("fraction", "unit of tiering.budget: a share of all rows, rows, "
+                                          "or bytes per worker (id, values and optimizer "
+                                          "state per hot row)",
+                              choices=("fraction", "rows", "bytes"))
+    policy: str = option("lfu", "hot set: the rows with the highest decayed lookup counts, or "
+                                "the most recently seen", choices=("lfu", "lru"))
+    admission: float = option(2.0, "decayed lookups a row needs before it may become hot",
+                              min=0.0)
+    interval: int = option(50, "steps between re-tierings (after warm-up ones at steps 1, 2, "
+                               "4, ...)", min=1)
+    decay: float = option(0.9, "factor on every lookup count at each re-tiering, so the hot "
+                               "set follows drift", min=0.0, max=1.0)
+    exact_below: int = option(1_000_000, "tables with fewer rows count lookups exactly (4 "
+                                         "bytes a row); larger ones in a count-min sketch",
+                              min=1)
+    sketch_width: int = option(1 << 16, "counters per hash row of a table's count-min sketch",
+                               min=1)
+    sketch_depth: int = option(4, "hash rows of a count-min sketch (overcount probability "
+                                  "exp(-depth))", min=1)
+
+
+@dataclass(frozen=True)
 class JobConfig:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     ps: PSConfig = field(default_factory=PSConfig)
+    tiering: TieringConfig = field(default_factory=TieringConfig)
     source: str = field(default="", compare=False, metadata={"internal": True})
     """Where the job came from (file path or ``embedded default``), for messages."""
 
@@ -152,6 +180,9 @@ class JobConfig:
         if m.top_mlp[-1] != 1:
             raise ConfigError(f"model.top_mlp: the last width must be 1 (the logit), "
                               f"got {m.top_mlp[-1]}")
+        if self.tiering.budget > 0 and self.ps.servers == 0:
+            raise ConfigError(f"tiering.budget = {self.tiering.budget}: the cold tier lives on "
+                              f"the parameter servers; set ps.servers >= 1 or the budget to 0")
         if self.data.source != "synthetic" and not self.data.paths:
             raise ConfigError(f"data.paths: data.source = {self.data.source!r} needs at least "
                               f"one input file")

@@ -17,6 +17,15 @@ message layouts in :mod:`ps.types`):
    step, empty if none of its rows live there: the push is the clock tick.
 4. ``DONE``: the worker will send nothing more; its clock stops holding others back. The loop
    ends once every worker has sent ``DONE`` and every reply has been delivered.
+5. ``READ`` (hot/cold tiering, :mod:`embeddings.tiered`: rows become hot on the workers) is a
+   ``PULL`` answered with values and optimizer state, ``[n, dim + state]``, and always under
+   BSP's rule, whatever the sync model: it waits until every worker has pushed all steps
+   before its clock. The rows change owner, so a gradient still on its way would be lost.
+6. ``WRITE`` (rows go back cold) carries unique ids and ``[n, dim + state]`` values and
+   optimizer state, replaces them, and is acknowledged with an empty reply once stored. It
+   is not a clock tick. While a row is hot no worker pushes it, so the write is its only
+   update; the writers wait for the acknowledgements and then pass a barrier among the
+   workers before any of them pushes again, so no read can see the row before it is back.
 
 Receives are non-blocking probes on ``ANY_SOURCE`` with a backoff
 (:class:`hpctrain.runtime.waits.Backoff`) so an idle server leaves its core to the workers.
@@ -59,6 +68,8 @@ class ServerStats:
     deferred_wait_s: float = 0.0
     resident_bytes: int = 0  # the shard's arrays
     rss_growth_bytes: int = 0  # the process's resident memory growth while building them
+    rows_read: int = 0  # READ: rows handed to the workers' hot tier with optimizer state
+    rows_written: int = 0  # WRITE: rows handed back
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -108,9 +119,15 @@ class Server:
         """The lowest clock among workers still running (finished ones hold nobody back)."""
         return min((self.clock[w] for w in self.active), default=float("inf"))
 
+    def _ready(self, request: Request, slowest: float) -> bool:
+        """Whether a read may be served now: PULL under the sync model, READ under BSP."""
+        if request.op == Op.READ:
+            return slowest >= request.step
+        return self.sync.ready(request.step, slowest, request.slack)
+
     def _handle(self, source: int, request: Request) -> None:
-        if request.op == Op.PULL:
-            if self.sync.ready(request.step, self.slowest_clock(), request.slack):
+        if request.op in (Op.PULL, Op.READ):
+            if self._ready(request, self.slowest_clock()):
                 self._answer(source, request)
             else:
                 self.stats.deferred += 1
@@ -121,6 +138,8 @@ class Server:
         elif request.op == Op.DONE:
             self.active.discard(source)
             self._retry_parked()
+        elif request.op == Op.WRITE:
+            self._write(source, request)
         else:  # pragma: no cover - a corrupt message is a bug
             raise PSError(f"server rank {self.comm.Get_rank()}: unknown op {request.op} "
                           f"from rank {source}")
@@ -133,8 +152,12 @@ class Server:
             self.stats.errors += 1
             reply = encode_error(f"server rank {self.comm.Get_rank()}: {exc}")
         else:
-            reply = encode_rows(self.store.tables.pull(slots))
-            self.stats.rows_out += len(slots)
+            if request.op == Op.READ:
+                reply = encode_rows(self.store.tables.read(slots))
+                self.stats.rows_read += len(slots)
+            else:
+                reply = encode_rows(self.store.tables.pull(slots))
+                self.stats.rows_out += len(slots)
         self.stats.bytes_out += reply.nbytes
         self.sending.append((self.comm.Isend(reply, dest=source, tag=reply_tag(request.seq)),
                              reply))
@@ -151,6 +174,24 @@ class Server:
         self.stats.rows_in += len(slots)
         self.clock[source] = request.step + 1
 
+    def _write(self, source: int, request: Request) -> None:
+        tables = self.store.tables
+        try:
+            slots = self._slots(request)
+        except EmbeddingError as exc:  # writes carry only rows that were read: a bug
+            raise PSError(f"server rank {self.comm.Get_rank()}: bad write from rank "
+                          f"{source}: {exc}") from exc
+        if request.grads.shape[1] != self.dim + tables.state_width:
+            raise PSError(f"server rank {self.comm.Get_rank()}: a write from rank {source} "
+                          f"has rows of {request.grads.shape[1]} values; this server keeps "
+                          f"{self.dim} + {tables.state_width} optimizer state")
+        tables.write(slots, request.grads)
+        self.stats.rows_written += len(slots)
+        reply = encode_rows(np.empty(0, dtype=np.float32))
+        self.stats.bytes_out += reply.nbytes
+        self.sending.append((self.comm.Isend(reply, dest=source, tag=reply_tag(request.seq)),
+                             reply))
+
     def _slots(self, request: Request) -> np.ndarray:
         parts = [self.store.slots(t, ids) for t, ids in request.table_ids()]
         return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
@@ -159,7 +200,7 @@ class Server:
         slowest = self.slowest_clock()
         waiting = []
         for parked in self.parked:
-            if self.sync.ready(parked.request.step, slowest, parked.request.slack):
+            if self._ready(parked.request, slowest):
                 self.stats.deferred_wait_s += time.perf_counter() - parked.since
                 self._answer(parked.source, parked.request)
             else:

@@ -50,8 +50,10 @@ class PSJob:
         plan = ShardingPlan.from_json(world.bcast(text, root=0))
         return cls(world.Dup(), roles, layout, plan, Placement(plan))
 
-    def client(self) -> PSClient:
-        return PSClient(self.comm, self.layout, self.placement, self.roles.server_ranks())
+    def client(self, state_width: int = 0) -> PSClient:
+        """This worker's client; ``state_width`` as the servers' optimizer keeps it."""
+        return PSClient(self.comm, self.layout, self.placement, self.roles.server_ranks(),
+                        state_width)
 
     def serve(self, optimizer: SparseOptimizer, seed: int, sync: SyncModel) -> ServerStats:
         """Hold this server's shard and serve the workers until they are all done."""

@@ -6,12 +6,13 @@ Every request is one byte buffer, sent with tag :data:`TAG_REQUEST`:
     int64  table[ntables], count[ntables]
     int64  ids[sum(count)]                  (ids within each table, grouped by table)
     float32 grads[sum(count), dim]          (PUSH only)
+    float32 block[sum(count), dim + state]  (WRITE only: values, then optimizer state)
 
 Every reply is one byte buffer, sent with tag ``reply_tag(seq)`` so that a worker with
 several requests in flight matches each reply to its request:
 
     int64  status (0 = rows follow, 1 = UTF-8 error message follows), payload bytes
-    float32 rows[n, dim]  or  UTF-8 message
+    float32 rows[n, dim]  or  rows[n, dim + state] (READ)  or  nothing (WRITE)  or  UTF-8 message
 
 The layout keeps every array aligned, so decoding is zero-copy views into the buffer.
 """
@@ -38,6 +39,8 @@ class Op(IntEnum):
     PULL = 1  # read rows; the reply may be deferred until the sync model allows it
     PUSH = 2  # apply summed gradients of unique rows; advances the sender's clock
     DONE = 3  # the sender will send nothing more
+    READ = 4  # read rows with their optimizer state under BSP's rule (tiering: rows go hot)
+    WRITE = 5  # replace rows and their optimizer state, acknowledged (tiering: rows go cold)
 
 
 def reply_tag(seq: int) -> int:
@@ -54,7 +57,7 @@ class Request:
     tables: np.ndarray  # int64 [ntables]
     counts: np.ndarray  # int64 [ntables]
     ids: np.ndarray  # int64 [n]
-    grads: np.ndarray | None = None  # float32 [n, dim] (PUSH)
+    grads: np.ndarray | None = None  # float32 [n, dim] (PUSH), [n, dim + state] (WRITE)
 
     def table_ids(self):
         """(table, ids) groups in message order."""
@@ -91,12 +94,14 @@ def decode_request(buf: np.ndarray, dim: int) -> Request:
     n = int(counts.sum())
     end = (HEADER + 2 * ntables + n) * 8
     ids = buf[(HEADER + 2 * ntables) * 8: end].view(np.int64)
-    grads = buf[end:].view(np.float32).reshape(n, dim) if op == Op.PUSH else None
+    grads = None
+    if op in (Op.PUSH, Op.WRITE):
+        grads = buf[end:].view(np.float32).reshape(n, dim if op == Op.PUSH else -1)
     return Request(Op(op), step, seq, slack, lr, tables, counts, ids, grads)
 
 
 def reply_capacity(rows: int, dim: int) -> int:
-    """Bytes a worker must post for the reply to a pull of ``rows`` rows."""
+    """Bytes a worker must post for the reply to a pull of ``rows`` rows of ``dim`` values."""
     return _STATUS_BYTES + max(rows * dim * 4, _MIN_ERROR_ROOM)
 
 

@@ -4,12 +4,15 @@ One step (``accumulate`` micro-batches per optimizer step):
 
 1. each worker reads its slice of the global batch;
 2. the batch's unique embedding rows come from the store: replicas on every worker, or the
-   parameter servers (prefetched during the previous micro-batch when ``ps.prefetch``);
+   parameter servers (prefetched during the previous micro-batch when ``ps.prefetch``),
+   with the most used rows replicated on the workers when ``tiering.budget`` is set;
 3. the dense model runs forward and backward on the summed loss;
 4. dense gradients, the sample count and the loss sum are summed over the workers in one
    allreduce and divided by the global count (an exact mean, also for uneven slices);
 5. the dense optimizer steps, and the touched rows' gradients are pushed to the store, which
-   applies the sparse optimizer where the rows live. The push ends the worker's step.
+   applies the sparse optimizer where the rows live. The push ends the worker's step; with
+   tiering it also moves rows between the tiers every ``tiering.interval`` steps (timed as
+   the ``retier`` phase).
 """
 
 from __future__ import annotations
@@ -26,9 +29,11 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from embeddings.collection import EmbeddingCollection, Lookup
+from embeddings.hotcold import hot_capacity, hot_row_bytes
 from embeddings.optim import SparseOptimizer
 from embeddings.replicated import ReplicatedTables
 from embeddings.tables import LocalTables, TableLayout
+from embeddings.tiered import TieredStore
 from hpctrain.comm.native import gatherv
 from hpctrain.config import JobConfig
 from hpctrain.data import Batch, Dataset, open_dataset
@@ -41,14 +46,13 @@ from hpctrain.runtime.world import Topology
 from hpctrain.sync.bsp import BSP
 from hpctrain.train import metrics
 from hpctrain.train.rundir import RunDir, default_run_dir
-from ps.client import PSClient
 from ps.service import PSJob
 
 __all__ = ["Trainer", "Summary", "run_training"]
 
 log = logging.getLogger(__name__)
 
-PHASES = ("data", "lookup", "compute", "dense_sync", "optimizer", "push")
+PHASES = ("data", "lookup", "compute", "dense_sync", "optimizer", "push", "retier")
 
 
 @dataclass
@@ -66,6 +70,7 @@ class Summary:
     run_dir: str = ""
     ps_clients: list[dict[str, float]] = field(default_factory=list)
     ps_servers: list[dict[str, float]] = field(default_factory=list)
+    tiering: list[dict[str, object]] = field(default_factory=list)
 
     @property
     def step_s(self) -> float:
@@ -87,7 +92,7 @@ class Summary:
                 "step_samples_per_s": self.step_samples_per_s, "train_loss": self.train_loss,
                 "eval": self.eval, "peak_rss_mb": self.peak_rss_mb,
                 "skipped_lines": self.skipped_lines, "ps_clients": self.ps_clients,
-                "ps_servers": self.ps_servers}
+                "ps_servers": self.ps_servers, "tiering": self.tiering}
 
 
 def run_training(config: JobConfig, topo: Topology) -> Summary:
@@ -133,11 +138,13 @@ class Trainer:
         self.dp = DataParallel(self.model, self.comm)
         optim_cls = torch.optim.SGD if tc.optimizer == "sgd" else torch.optim.Adagrad
         self.optimizer = optim_cls(self.model.parameters(), lr=tc.lr)
-        if job:
-            self.store = job.client()
+        sparse = SparseOptimizer(tc.optimizer)
+        self.client = job.client(sparse.state_width(self.layout.dim)) if job else None
+        self.tiered = self._tiered(sparse) if job else None
+        if self.tiered or self.client:
+            self.store = self.tiered or self.client
         else:
-            tables = LocalTables(self.layout, SparseOptimizer(tc.optimizer), tc.seed)
-            self.store = ReplicatedTables(tables, self.comm)
+            self.store = ReplicatedTables(LocalTables(self.layout, sparse, tc.seed), self.comm)
         self.embeddings = EmbeddingCollection(self.layout, self.store, topo.device)
         self.prefetch = job is not None and config.ps.prefetch
         epoch = batches_per_epoch(self.dataset.num_samples("train"), tc.batch_size)
@@ -147,6 +154,21 @@ class Trainer:
         if self.run and job:
             self.run.write_text("plan.json", job.plan.to_json())
         self.phase_s: dict[str, float] = defaultdict(float)
+
+    def _tiered(self, sparse: SparseOptimizer) -> TieredStore | None:
+        """The hot tier over the servers' client, or None when the budget allows no row."""
+        tc = self.config.tiering
+        row = hot_row_bytes(self.layout.dim, sparse.state_width(self.layout.dim))
+        capacity = hot_capacity(tc.budget, tc.budget_unit, self.layout.total_rows, row)
+        if capacity == 0:
+            if tc.budget > 0:
+                log.warning("tiering.budget = %s %s holds no row; tiering is off", tc.budget,
+                            tc.budget_unit)
+            return None
+        log.info("hot tier: %d of %d rows (%.1f MB per worker), %s", capacity,
+                 self.layout.total_rows, capacity * row / 2**20, tc.policy)
+        return TieredStore(self.layout, self.client, self.comm, sparse, tc, capacity,
+                           self.topo.device, staleness=BSP.bound)
 
     # -- one step --------------------------------------------------------------------------
 
@@ -203,10 +225,12 @@ class Trainer:
         self.optimizer.step()
         self.dp.zero()
         t2 = time.perf_counter()
+        moving = self.tiered.stats.retier_s if self.tiered else 0.0
         self.embeddings.push(lookups, scale, lr)
+        moved = (self.tiered.stats.retier_s - moving) if self.tiered else 0.0
         t3 = time.perf_counter()
         for phase, seconds in (("dense_sync", t1 - t0), ("optimizer", t2 - t1),
-                               ("push", t3 - t2)):
+                               ("push", t3 - t2 - moved), ("retier", moved)):
             self.phase_s[phase] += seconds
         return int(total), total_loss * scale
 
@@ -233,7 +257,7 @@ class Trainer:
             batch = self.dataset.read("eval", start, min(hi, start + chunk))
             if len(batch) == 0:
                 continue
-            embedded, _ = self.embeddings.lookup(batch.sparse)
+            embedded, _ = self.embeddings.lookup(batch.sparse, train=False)
             logits = self.model(self._tensor(batch.dense), embedded)
             probs.append(torch.sigmoid(logits).cpu().numpy())
             labels.append(batch.labels)
@@ -275,6 +299,10 @@ class Trainer:
                 window_loss, window_n = 0.0, 0
             if tc.eval_every and done % tc.eval_every == 0 and done != self.steps:
                 self._log_eval(done)
+        if self.tiered:
+            flush = time.perf_counter()
+            self.tiered.flush()
+            self.phase_s["retier"] += time.perf_counter() - flush
         bar.close()
         summary.steps = self.steps
         summary.wall_s = time.perf_counter() - start
@@ -285,12 +313,13 @@ class Trainer:
             summary.peak_rss_mb = [f["peak_rss_mb"] for f in facts]
             summary.skipped_lines = sum(f["skipped"] for f in facts)
             summary.ps_clients = [f["client"] for f in facts if f["client"]]
+            summary.tiering = [f["tiering"] for f in facts if f["tiering"]]
         return summary
 
     def close(self) -> None:
         """Tell the parameter servers this worker is done (no-op for replicated tables)."""
-        if isinstance(self.store, PSClient):
-            self.store.close()
+        if self.client:
+            self.client.close()
 
     def finish(self, summary: Summary) -> None:
         """Write the summary into the run directory (worker 0)."""
@@ -305,6 +334,6 @@ class Trainer:
         return result
 
     def _rank_facts(self) -> dict[str, object]:
-        client = self.store.stats.as_dict() if isinstance(self.store, PSClient) else None
-        return {"peak_rss_mb": peak_rss_bytes() / 2**20,
-                "skipped": self.dataset.skipped, "client": client}
+        return {"peak_rss_mb": peak_rss_bytes() / 2**20, "skipped": self.dataset.skipped,
+                "client": self.client.stats.as_dict() if self.client else None,
+                "tiering": self.tiered.stats.as_dict() if self.tiered else None}
