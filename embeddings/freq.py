@@ -8,6 +8,10 @@ table of at least ``exact_below`` rows is counted in a count-min sketch of ``dep
 2002): an estimate never undercounts, and it overcounts by more than ``e / width`` of the
 table's total count with probability at most ``exp(-depth)``.
 
+Ranking a table's share of the hot set needs more counters than it has hot rows, so a
+sketch is at least :data:`COUNTERS_PER_HOT_ROW` times that share wide; where the sketch would
+then be as large as exact counts, the table is counted exactly.
+
 Decay: :meth:`FrequencyTracker.decay` multiplies every count by a factor in ``[0, 1]``, so
 after ``k`` re-tierings a lookup weighs ``factor**k`` and the hot set follows a drifting id
 distribution. Scaling keeps both sketch guarantees (every counter shrinks with the counts).
@@ -25,7 +29,10 @@ import numpy as np
 
 from hpctrain.runtime import rng
 
-__all__ = ["ExactCounts", "CountMinSketch", "FrequencyTracker", "oracle_hit_rate"]
+__all__ = ["ExactCounts", "CountMinSketch", "FrequencyTracker", "oracle_hit_rate",
+           "COUNTERS_PER_HOT_ROW"]
+
+COUNTERS_PER_HOT_ROW = 4
 
 
 class ExactCounts:
@@ -102,14 +109,18 @@ class FrequencyTracker:
     """Lookup counts of every table of a layout (global rows: table offset + id)."""
 
     def __init__(self, sizes: Sequence[int], exact_below: int, width: int, depth: int,
-                 seed: int = 0) -> None:
+                 hot_rows: int = 0, seed: int = 0) -> None:
         """Tables with fewer than ``exact_below`` rows count exactly, larger ones in a
-        ``width`` x ``depth`` sketch each."""
+        sketch of ``depth`` rows, ``width`` wide or wider for their share of ``hot_rows``
+        (the hot tier's capacity, shared in proportion to the tables' rows)."""
         self.sizes = np.asarray(sizes, dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
-        self.tables: list[ExactCounts | CountMinSketch] = [
-            ExactCounts(int(n)) if n < exact_below else CountMinSketch(width, depth, seed + t)
-            for t, n in enumerate(self.sizes)]
+        total = int(self.sizes.sum())
+        self.tables: list[ExactCounts | CountMinSketch] = []
+        for t, n in enumerate(self.sizes.tolist()):
+            wide = max(width, COUNTERS_PER_HOT_ROW * -(-hot_rows * n // total))
+            exact = n < exact_below or wide * depth >= n
+            self.tables.append(ExactCounts(n) if exact else CountMinSketch(wide, depth, seed + t))
 
     def _groups(self, rows: np.ndarray):
         """(table, positions) of each table's rows within sorted ``rows``."""
@@ -146,6 +157,7 @@ def oracle_hit_rate(counts: np.ndarray, capacity: int) -> float:
     total = float(counts.sum())
     if total == 0.0 or capacity <= 0:
         return 0.0
+    counts = counts[counts > 0]  # partitioning many equal zeros is slow, and they add nothing
     if capacity >= len(counts):
         return 1.0
     top = np.partition(counts, len(counts) - capacity)[len(counts) - capacity:]

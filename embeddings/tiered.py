@@ -8,9 +8,11 @@ once at the end; both are collective over ``comm`` (the workers). One step:
    pull. Training lookups are counted (:meth:`~TieredStore.observe`).
 2. Push: the step's rows are split by tier. Hot gradients are summed over the workers
    (``MPI_Allreduce`` of the whole hot block, or ``MPI_Allgatherv`` of the touched rows when
-   that moves fewer bytes; the same choice on every worker, as it depends only on allreduced
-   sizes) and every worker applies the same update to its replica. Cold gradients are pushed
-   to the cold store, which is the worker's clock tick.
+   that moves fewer bytes; the same choice on every worker, as it depends only on gathered
+   sizes) and every worker applies the same update to its replica. The sum is started here
+   and completed before the replica is next read (the next pull, push or flush), so its
+   wait overlaps the next step's cold pull, which waits for every worker's push anyway.
+   Cold gradients are pushed to the cold store, which is the worker's clock tick.
 3. Re-tiering, after the steps of :func:`~embeddings.hotcold.retier_due`, between the hot
    update and the cold push:
 
@@ -107,13 +109,15 @@ class TieredStore(EmbeddingStore):
         self.hot = HotTier(layout.dim, optimizer, device)
         self.base = HotTier(layout.dim, optimizer, device) if staleness != 0 else None
         tracker = FrequencyTracker(layout.sizes, config.exact_below, config.sketch_width,
-                                   config.sketch_depth)
+                                   config.sketch_depth, capacity)
         self.planner = HotSetPlanner(tracker, capacity, config.policy, config.admission,
                                      config.decay)
         self.step = 0
         self.last_sync = -1  # the last step whose hot gradients every replica holds
         self._period = (staleness + 1) if staleness is not None else config.interval
         self._lr = 0.0
+        self._summing: tuple[MPI.Request, np.ndarray, np.ndarray, np.ndarray, float] | None = None
+        self._announced: np.ndarray | None = None  # cold rows of the last prefetch
         self._seen: list[tuple[np.ndarray, np.ndarray, int]] = []
         self._oracle = np.zeros(layout.total_rows) if comm.Get_rank() == 0 else None
         self._table_lookups = np.zeros(len(layout.specs), dtype=np.int64)
@@ -134,9 +138,15 @@ class TieredStore(EmbeddingStore):
     def pull(self, rows: np.ndarray) -> np.ndarray:
         """Hot rows from the replica, the rest in one pull from the cold store."""
         hot, slots = self.hot.locate(rows)
+        cold = rows[~hot]
+        if self._summing is not None:  # start the cold pull, then finish the sum meanwhile
+            if self._announced is None or not np.array_equal(self._announced, cold):
+                self.cold.prefetch(cold, 0)
+            self._finish_sum()
+        self._announced = None
         out = np.empty((len(rows), self.dim), dtype=np.float32)
+        out[~hot] = self.cold.pull(cold)
         out[hot] = self.hot.gather(slots[hot])
-        out[~hot] = self.cold.pull(rows[~hot])
         self.stats.rows_hot += int(hot.sum())
         self.stats.rows_cold += len(rows) - int(hot.sum())
         return out
@@ -144,7 +154,8 @@ class TieredStore(EmbeddingStore):
     def prefetch(self, rows: np.ndarray, ahead: int) -> None:
         """Prefetch the cold ones; a re-tiering in between makes the cold store read afresh
         (the cold set differs), so no row is read from before it was hot."""
-        self.cold.prefetch(rows[~self.hot.locate(rows)[0]], ahead)
+        self._announced = rows[~self.hot.locate(rows)[0]]
+        self.cold.prefetch(self._announced, ahead)
 
     def observe(self, rows: np.ndarray, counts: np.ndarray) -> None:
         hot = self.hot.locate(rows)[0]
@@ -158,12 +169,12 @@ class TieredStore(EmbeddingStore):
 
     def push(self, rows: np.ndarray, grads: np.ndarray, lr: float) -> None:
         """Collective over ``comm``: hot update, re-tiering when due, cold push (module doc)."""
+        self._finish_sum()
         rows, grads = coalesce(rows, grads)
         hot, slots = self.hot.locate(rows)
         step, self.step, self._lr = self.step, self.step + 1, lr
         retier = not self.everything_hot and retier_due(step, self.config.interval)
-        self._update_hot(slots[hot], grads[hot], lr,
-                         sync=retier or (step + 1) % self._period == 0)
+        self._update_hot(slots[hot], grads[hot], lr, retier)
         plan = None
         if retier:
             start = time.perf_counter()
@@ -181,14 +192,19 @@ class TieredStore(EmbeddingStore):
 
     # -- end of training -----------------------------------------------------------------------
 
-    def flush(self) -> TieringStats:
+    def flush(self) -> None:
         """Write every hot row back with its optimizer state and merge the last counts;
         collective over ``comm``. Afterwards the cold store holds every row's current value
-        (hot rows stay hot and are still served locally). Returns the final counters."""
+        (hot rows stay hot and are still served locally)."""
+        self._finish_sum()
         if self.base is not None and self.last_sync < self.step - 1:
             self._update_hot(_NO_ROWS, np.empty((0, self.dim), np.float32), self._lr, True)
         self._merge_counts()
         self._write_back(self.hot.rows)
+
+    def report(self) -> TieringStats:
+        """The counters so far, with hit rates; worker 0 adds the oracle hit rate over the
+        lookups merged so far (all of them after :meth:`flush`)."""
         stats = self.stats
         stats.hot_rows = len(self.hot)
         stats.table_lookups = self._table_lookups.tolist()
@@ -200,61 +216,77 @@ class TieredStore(EmbeddingStore):
 
     # -- internals -----------------------------------------------------------------------------
 
-    def _update_hot(self, slots: np.ndarray, grads: np.ndarray, lr: float, sync: bool) -> None:
-        if self.base is None:  # staleness 0: every replica takes every update now
-            self.hot.apply(*self._sum_over_workers(slots, grads), lr)
-            self.last_sync = self.step - 1
+    def _update_hot(self, slots: np.ndarray, grads: np.ndarray, lr: float,
+                    retier: bool) -> None:
+        """Apply this step's hot gradients as the staleness bound asks: summed over the
+        workers now or by the next read (bound 0), or locally with a periodic refresh."""
+        if self.base is None:
+            self._start_sum(slots, grads, lr)
+            if retier:
+                self._finish_sum()
             return
         self._pending[slots] += grads
         self._touched[slots] = True
-        if not sync:
+        if not retier and self.step % self._period:
             self.hot.apply(slots, grads, lr)
             return
         touched = np.flatnonzero(self._touched)
-        self.base.apply(*self._sum_over_workers(touched, self._pending[touched]), lr)
+        self._start_sum(touched, self._pending[touched], lr)
+        self._finish_sum(into=self.base)
         self.hot.copy_from(self.base)
         self._pending[:] = 0.0
         self._touched[:] = False
-        self.last_sync = self.step - 1
 
-    def _sum_over_workers(self, slots: np.ndarray,
-                          grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Every worker's hot gradients summed, as (unique slots, sums), equal on all
-        workers: ``Allgather`` of the row counts, then ``Allreduce`` of the hot block with a
-        touched flag per row, or ``Allgatherv`` of (slot, gradient) pairs, whichever moves
-        fewer bytes under a ring model.
+    def _start_sum(self, slots: np.ndarray, grads: np.ndarray, lr: float) -> None:
+        """Start summing every worker's hot gradients: an ``Iallgather`` of their counts."""
+        counts = np.empty(self.comm.Get_size(), dtype=np.int64)
+        request = self.comm.Iallgather(np.array([len(slots)], dtype=np.int64), counts)
+        self._summing = (request, counts, slots, grads, lr)
 
-        These run every step, so unlike :mod:`hpctrain.comm.native`'s blocking calls they
-        are started non-blocking and completed by :func:`~hpctrain.runtime.waits.wait_all`:
-        a blocking MPICH collective spins, and where ranks outnumber cores (servers and
-        workers on one node) the spinning rank takes the core its peers need."""
-        workers = self.comm.Get_size()
-        counts = np.empty(workers, dtype=np.int64)
-        wait_all([self.comm.Iallgather(np.array([len(slots)], dtype=np.int64), counts)])
+    def _finish_sum(self, into: HotTier | None = None) -> None:
+        """Complete the sum started by :meth:`_start_sum` and apply it to ``into`` (the
+        replica by default); equal on every worker.
+
+        By the counts, either an ``Iallreduce`` of the hot block with a touched flag per row
+        or an ``Iallgatherv`` of (slot, gradient) pairs, whichever moves fewer bytes under a
+        ring model. Unlike :mod:`hpctrain.comm.native`'s blocking calls, these are completed
+        by :func:`~hpctrain.runtime.waits.wait_all`: they run every step, and a blocking
+        MPICH collective spins, taking the core its peers need where ranks outnumber cores."""
+        if self._summing is None:
+            return
+        request, counts, slots, grads, lr = self._summing
+        self._summing = None
+        wait_all([request])
         total = int(counts.sum())
+        self.last_sync = self.step - 1
         if total == 0:
-            return _NO_ROWS, np.empty((0, self.dim), dtype=np.float32)
+            return
+        into = into or self.hot
+        workers = self.comm.Get_size()
         share = (workers - 1) / workers
-        dense = 2 * share * len(self.hot) * (self.dim + 1) * 4
+        dense = 2 * share * len(into) * (self.dim + 1) * 4
         sparse = share * total * (self.dim + 2) * 4
         if dense <= sparse:
-            block = np.zeros((len(self.hot), self.dim + 1), dtype=np.float32)
+            block = np.zeros((len(into), self.dim + 1), dtype=np.float32)
             block[slots, : self.dim] = grads
             block[slots, self.dim] = 1.0
             wait_all([self.comm.Iallreduce(MPI.IN_PLACE, block, op=MPI.SUM)])
             self.stats.dense_syncs += 1
             self.stats.sync_bytes += int(dense)
             touched = np.flatnonzero(block[:, self.dim])
-            return touched, np.ascontiguousarray(block[touched, : self.dim])
+            into.apply(touched, np.ascontiguousarray(block[touched, : self.dim]), lr)
+            return
+        # One message per worker: each slot's int64 and its float32 gradient as int32 words.
         packed = np.empty((len(slots), self.dim + 2), dtype=np.int32)
         packed[:, :2] = np.ascontiguousarray(slots, dtype=np.int64).view(np.int32).reshape(-1, 2)
         packed[:, 2:] = np.ascontiguousarray(grads, dtype=np.float32).view(np.int32)
         everyone = np.empty((total, self.dim + 2), dtype=np.int32)
         wait_all([self.comm.Iallgatherv(packed, [everyone, counts * (self.dim + 2)])])
         self.stats.sparse_syncs += 1
-        self.stats.sync_bytes += (len(everyone) - len(slots)) * (self.dim + 2) * 4
+        self.stats.sync_bytes += (total - len(slots)) * (self.dim + 2) * 4
         all_slots = np.ascontiguousarray(everyone[:, :2]).view(np.int64).reshape(-1)
-        return coalesce(all_slots, np.ascontiguousarray(everyone[:, 2:]).view(np.float32))
+        into.apply(*coalesce(all_slots, np.ascontiguousarray(everyone[:, 2:]).view(np.float32)),
+                   lr)
 
     def _merge_counts(self) -> None:
         """``Allgatherv`` of every worker's (row, lookups, last step) since the last merge;

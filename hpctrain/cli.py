@@ -3,6 +3,7 @@
     mpiexec -n 4 hpctrain train                       # the embedded default job
     mpiexec -n 2 hpctrain train jobs/configs/criteo_sample.toml --set train.lr=0.05
     mpiexec -n 2 hpctrain info
+    mpiexec -n 4 hpctrain bench tiering --json tiering.json   # 1 server + 3 workers
     hpctrain preprocess jobs/configs/criteo_sample.toml --out sample.h5
     hpctrain config [JOB.toml] [--doc]
 
@@ -70,12 +71,20 @@ def _parser() -> argparse.ArgumentParser:
     from hpctrain.bench import ps as bench_ps
 
     bench_ps.add_arguments(ps)
+    tiering = kinds.add_parser("tiering", help="hot/cold tiering: LFU/LRU/oracle hit rates, "
+                                               "bytes and samples/s against the untiered "
+                                               "parameter server (one server rank)")
+    from hpctrain.bench import tiering as bench_tiering
+
+    bench_tiering.add_arguments(tiering)
     return parser
 
 
 def _bench_overrides(args: argparse.Namespace) -> list[str]:
     if args.command == "bench" and args.bench == "ps":
         return [f"ps.servers={args.servers}", "train.progress=false"]
+    if args.command == "bench" and args.bench == "tiering":
+        return ["ps.servers=1", "train.progress=false"]
     return []
 
 
@@ -117,6 +126,11 @@ def _bench(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -
         rows = bench_ps.run(args, topo)
         columns = ["mode", "prefetch", "rows_per_s", "baseline_rows_per_s", "ratio_to_baseline",
                    "bytes_per_step", "bytes_ratio", "server_memory_ratio"]
+    else:
+        from hpctrain.bench import tiering as bench_tiering
+
+        rows = bench_tiering.run(args, config, topo)
+        columns = bench_tiering.COLUMNS
     if rows is not None:
         print_rows(rows, columns, args.json)
     return 0

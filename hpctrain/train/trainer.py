@@ -336,4 +336,4 @@ class Trainer:
     def _rank_facts(self) -> dict[str, object]:
         return {"peak_rss_mb": peak_rss_bytes() / 2**20, "skipped": self.dataset.skipped,
                 "client": self.client.stats.as_dict() if self.client else None,
-                "tiering": self.tiered.stats.as_dict() if self.tiered else None}
+                "tiering": self.tiered.report().as_dict() if self.tiered else None}

@@ -95,7 +95,8 @@ def tiered_rounds(topo, layout, servers, capacity, examples, kind="sgd", stalene
         own.append(own[-1] - lr * step)
 
     one_round()
-    stats = store.flush()
+    store.flush()
+    stats = store.report()
     everything = np.arange(layout.total_rows)
     np.testing.assert_allclose(client.read(everything), reference.read(everything),
                                rtol=1e-5, atol=1e-6)

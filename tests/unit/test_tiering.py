@@ -72,6 +72,15 @@ def test_tracker_counts_small_tables_exactly_and_sketches_large_ones(stream):
     np.testing.assert_allclose(tracker.estimate(rows)[small], true[small] / 2)
 
 
+def test_sketches_widen_for_the_hot_set_and_give_way_to_exact_counts():
+    narrow = FrequencyTracker([10**6, 500], exact_below=1000, width=1024, depth=4)
+    assert narrow.tables[0].width == 1024 and isinstance(narrow.tables[1], ExactCounts)
+    wide = FrequencyTracker([10**6], exact_below=1000, width=1024, depth=4, hot_rows=5000)
+    assert wide.tables[0].width == 4 * 5000
+    assert isinstance(FrequencyTracker([10**6], 1000, 1024, 4, hot_rows=300_000).tables[0],
+                      ExactCounts)  # a sketch as large as exact counts is not worth it
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.integers(0, 50), min_size=1, max_size=40), st.integers(0, 45))
 def test_oracle_is_the_best_static_set(counts, capacity):
