@@ -8,11 +8,12 @@ once at the end; both are collective over ``comm`` (the workers). One step:
    pull. Training lookups are counted (:meth:`~TieredStore.observe`).
 2. Push: the step's rows are split by tier. Hot gradients are summed over the workers
    (``MPI_Allreduce`` of the whole hot block, or ``MPI_Allgatherv`` of the touched rows when
-   that moves fewer bytes; the same choice on every worker, as it depends only on gathered
-   sizes) and every worker applies the same update to its replica. The sum is started here
-   and completed before the replica is next read (the next pull, push or flush), so its
-   wait overlaps the next step's cold pull, which waits for every worker's push anyway.
-   Cold gradients are pushed to the cold store, which is the worker's clock tick.
+   that moves fewer bytes; the same choice on every worker, as it depends only on the
+   workers' counts of hot rows, which the trainer's dense allreduce carries, see
+   :meth:`~TieredStore.expect`) and every worker applies the same update to its replica.
+   The sum is started here and completed before the replica is next read (the next pull,
+   push or flush), so it overlaps the next step's start. Cold gradients are pushed to the
+   cold store, which is the worker's clock tick.
 3. Re-tiering, after the steps of :func:`~embeddings.hotcold.retier_due`, between the hot
    update and the cold push:
 
@@ -117,7 +118,7 @@ class TieredStore(EmbeddingStore):
         self._period = (staleness + 1) if staleness is not None else config.interval
         self._lr = 0.0
         self._summing: tuple[MPI.Request, np.ndarray, np.ndarray, np.ndarray, float] | None = None
-        self._announced: np.ndarray | None = None  # cold rows of the last prefetch
+        self._expected: np.ndarray | None = None  # hot rows of each worker's coming push
         self._seen: list[tuple[np.ndarray, np.ndarray, int]] = []
         self._oracle = np.zeros(layout.total_rows) if comm.Get_rank() == 0 else None
         self._table_lookups = np.zeros(len(layout.specs), dtype=np.int64)
@@ -137,16 +138,11 @@ class TieredStore(EmbeddingStore):
 
     def pull(self, rows: np.ndarray) -> np.ndarray:
         """Hot rows from the replica, the rest in one pull from the cold store."""
+        self._finish_sum()
         hot, slots = self.hot.locate(rows)
-        cold = rows[~hot]
-        if self._summing is not None:  # start the cold pull, then finish the sum meanwhile
-            if self._announced is None or not np.array_equal(self._announced, cold):
-                self.cold.prefetch(cold, 0)
-            self._finish_sum()
-        self._announced = None
         out = np.empty((len(rows), self.dim), dtype=np.float32)
-        out[~hot] = self.cold.pull(cold)
         out[hot] = self.hot.gather(slots[hot])
+        out[~hot] = self.cold.pull(rows[~hot])
         self.stats.rows_hot += int(hot.sum())
         self.stats.rows_cold += len(rows) - int(hot.sum())
         return out
@@ -154,8 +150,7 @@ class TieredStore(EmbeddingStore):
     def prefetch(self, rows: np.ndarray, ahead: int) -> None:
         """Prefetch the cold ones; a re-tiering in between makes the cold store read afresh
         (the cold set differs), so no row is read from before it was hot."""
-        self._announced = rows[~self.hot.locate(rows)[0]]
-        self.cold.prefetch(self._announced, ahead)
+        self.cold.prefetch(rows[~self.hot.locate(rows)[0]], ahead)
 
     def observe(self, rows: np.ndarray, counts: np.ndarray) -> None:
         hot = self.hot.locate(rows)[0]
@@ -174,7 +169,8 @@ class TieredStore(EmbeddingStore):
         hot, slots = self.hot.locate(rows)
         step, self.step, self._lr = self.step, self.step + 1, lr
         retier = not self.everything_hot and retier_due(step, self.config.interval)
-        self._update_hot(slots[hot], grads[hot], lr, retier)
+        counts, self._expected = self._expected, None
+        self._update_hot(slots[hot], grads[hot], lr, retier, counts)
         plan = None
         if retier:
             start = time.perf_counter()
@@ -198,7 +194,8 @@ class TieredStore(EmbeddingStore):
         (hot rows stay hot and are still served locally)."""
         self._finish_sum()
         if self.base is not None and self.last_sync < self.step - 1:
-            self._update_hot(_NO_ROWS, np.empty((0, self.dim), np.float32), self._lr, True)
+            self._update_hot(_NO_ROWS, np.empty((0, self.dim), np.float32), self._lr, True,
+                             None)
         self._merge_counts()
         self._write_back(self.hot.rows)
 
@@ -216,12 +213,12 @@ class TieredStore(EmbeddingStore):
 
     # -- internals -----------------------------------------------------------------------------
 
-    def _update_hot(self, slots: np.ndarray, grads: np.ndarray, lr: float,
-                    retier: bool) -> None:
+    def _update_hot(self, slots: np.ndarray, grads: np.ndarray, lr: float, retier: bool,
+                    counts: np.ndarray | None) -> None:
         """Apply this step's hot gradients as the staleness bound asks: summed over the
         workers now or by the next read (bound 0), or locally with a periodic refresh."""
         if self.base is None:
-            self._start_sum(slots, grads, lr)
+            self._start_sum(slots, grads, lr, counts)
             if retier:
                 self._finish_sum()
             return
@@ -231,16 +228,34 @@ class TieredStore(EmbeddingStore):
             self.hot.apply(slots, grads, lr)
             return
         touched = np.flatnonzero(self._touched)
-        self._start_sum(touched, self._pending[touched], lr)
+        self._start_sum(touched, self._pending[touched], lr, None)
         self._finish_sum(into=self.base)
         self.hot.copy_from(self.base)
         self._pending[:] = 0.0
         self._touched[:] = False
 
-    def _start_sum(self, slots: np.ndarray, grads: np.ndarray, lr: float) -> None:
-        """Start summing every worker's hot gradients: an ``Iallgather`` of their counts."""
-        counts = np.empty(self.comm.Get_size(), dtype=np.int64)
-        request = self.comm.Iallgather(np.array([len(slots)], dtype=np.int64), counts)
+    def hot_count(self, rows: np.ndarray) -> int:
+        """Hot rows among the unique ``rows`` of the coming push: a caller that sums these
+        counts over the workers in a collective it issues anyway hands them to
+        :meth:`expect`, and the push saves one collective."""
+        return int(self.hot.locate(rows)[0].sum())
+
+    def expect(self, counts: np.ndarray) -> None:
+        """Every worker's :meth:`hot_count` for the coming push, in worker order."""
+        self._expected = np.asarray(counts, dtype=np.int64)
+
+    def _start_sum(self, slots: np.ndarray, grads: np.ndarray, lr: float,
+                   counts: np.ndarray | None) -> None:
+        """Start summing every worker's hot gradients: an ``Iallgather`` of their counts,
+        unless :meth:`expect` gave them."""
+        if counts is None:
+            counts = np.empty(self.comm.Get_size(), dtype=np.int64)
+            request = self.comm.Iallgather(np.array([len(slots)], dtype=np.int64), counts)
+        elif counts[self.comm.Get_rank()] != len(slots):
+            raise ValueError(f"expected {counts[self.comm.Get_rank()]} hot rows in this "
+                             f"push, got {len(slots)}")
+        else:
+            request = MPI.REQUEST_NULL
         self._summing = (request, counts, slots, grads, lr)
 
     def _finish_sum(self, into: HotTier | None = None) -> None:

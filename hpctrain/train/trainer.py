@@ -135,7 +135,8 @@ class Trainer:
         tc = config.train
         torch.manual_seed(tc.seed)
         self.model = DLRM(config.model, len(self.layout.specs)).to(topo.device)
-        self.dp = DataParallel(self.model, self.comm)
+        self.tiered_stats = self.comm.Get_size() if config.tiering.budget > 0 else 0
+        self.dp = DataParallel(self.model, self.comm, extra=2 + self.tiered_stats)
         optim_cls = torch.optim.SGD if tc.optimizer == "sgd" else torch.optim.Adagrad
         self.optimizer = optim_cls(self.model.parameters(), lr=tc.lr)
         sparse = SparseOptimizer(tc.optimizer)
@@ -215,7 +216,13 @@ class Trainer:
             count += len(batch)
             loss_sum += loss.item()
         t0 = time.perf_counter()
-        total, total_loss = self.dp.allreduce([count, loss_sum])
+        hot = np.zeros(self.tiered_stats)  # each worker's hot rows ride along (see expect)
+        if self.tiered:
+            hot[self.comm.Get_rank()] = self.tiered.hot_count(np.unique(np.concatenate(
+                [lk.rows for lk in lookups])))
+        total, total_loss, *hot = self.dp.allreduce([count, loss_sum, *hot])
+        if self.tiered:
+            self.tiered.expect(np.array(hot))
         scale = 1.0 / max(total, 1.0)
         self.dp.scale(scale)
         t1 = time.perf_counter()
