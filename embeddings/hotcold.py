@@ -11,8 +11,11 @@ input, so they agree on the hot set without sending it.
   (:class:`~embeddings.freq.FrequencyTracker`); ties go to the most recently seen, then the
   lower row.
 - **LRU** (for comparison): the rows seen most recently, ties to the higher count.
-- **Admission**: a row is eligible only once its decayed count reaches ``admission``, so a
-  row seen once in the long tail does not displace a hot one.
+- **Admission**: a row may enter only once its decayed count reaches ``admission``, so a
+  row seen once in the long tail does not displace a hot one; under LFU a row also needs
+  ``admission`` more lookups than the hot row it displaces, so rows at the edge of the hot
+  set, whose counts differ by noise, do not swap back and forth (each swap moves two rows
+  with their optimizer state over the network).
 
 Only rows that can matter are scored: the hot set, a reserve of as many runners-up, and the
 rows seen since the last plan. A row outside all three was outranked by ``2 * capacity``
@@ -29,7 +32,7 @@ import numpy as np
 from embeddings.freq import FrequencyTracker
 
 __all__ = ["POLICIES", "BUDGET_UNITS", "hot_row_bytes", "hot_capacity", "retier_due",
-           "merge_seen", "Retier", "HotSetPlanner"]
+           "merge_seen", "best", "Retier", "HotSetPlanner"]
 
 POLICIES = ("lfu", "lru")
 BUDGET_UNITS = ("fraction", "rows", "bytes")
@@ -61,24 +64,41 @@ def hot_capacity(budget: float, unit: str, total_rows: int, row_bytes: int) -> i
     return int(min(total_rows, math.floor(rows)))
 
 
-def retier_due(step: int, interval: int) -> bool:
-    """Whether the hot set is recomputed after 0-based step ``step``: after steps 1, 2, 4,
-    8, ... while under ``interval`` (the first batches already reveal most of the head),
-    then after every ``interval``-th step."""
+def retier_due(step: int, interval: int, warm_up: bool = True) -> bool:
+    """Whether the hot set is recomputed after 0-based step ``step``: with ``warm_up``
+    after steps 1, 2, 4, 8, ... while under ``interval`` (the first batches already reveal
+    most of the head), and after every ``interval``-th step."""
     done = step + 1
-    return done % interval == 0 or (done < interval and done & (done - 1) == 0)
+    return done % interval == 0 or (warm_up and done < interval and done & (done - 1) == 0)
 
 
 def merge_seen(rows: np.ndarray, counts: np.ndarray,
                last: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Observations of several workers merged: sorted unique rows, summed counts, and the
-    latest step each row was seen."""
-    unique, inverse = np.unique(rows, return_inverse=True)
-    summed = np.zeros(len(unique), dtype=np.float32)
-    np.add.at(summed, inverse, counts)
-    latest = np.full(len(unique), -1, dtype=np.int64)
-    np.maximum.at(latest, inverse, last)
-    return unique, summed, latest
+    latest step each row was seen (one sort, then segment reductions)."""
+    order = np.argsort(rows, kind="stable")
+    rows = rows[order]
+    starts = np.flatnonzero(np.concatenate([[True], rows[1:] != rows[:-1]])) if len(rows) \
+        else np.empty(0, dtype=np.int64)
+    if len(starts) == 0:
+        return rows.astype(np.int64), np.empty(0, np.float32), np.empty(0, np.int64)
+    return (rows[starts].astype(np.int64),
+            np.add.reduceat(np.asarray(counts, dtype=np.float32)[order], starts),
+            np.maximum.reduceat(np.asarray(last, dtype=np.int64)[order], starts))
+
+
+def best(first: np.ndarray, second: np.ndarray, count: int) -> np.ndarray:
+    """Positions (in no order) of the ``count`` best entries by ``first`` then ``second``
+    (both higher first), ties to the lower position: a partition, and a sort of the ties."""
+    if count >= len(first):
+        return np.arange(len(first))
+    if count <= 0:
+        return np.empty(0, dtype=np.int64)
+    kth = np.partition(first, len(first) - count)[len(first) - count]
+    above = np.flatnonzero(first > kth)
+    tied = np.flatnonzero(first == kth)
+    tied = tied[np.lexsort((-second[tied], ))][: count - len(above)]
+    return np.concatenate([above, tied])
 
 
 @dataclass(frozen=True)
@@ -117,19 +137,27 @@ class HotSetPlanner:
         rows = np.concatenate([self._pool, *(r for r, _ in self._seen)])
         last = np.concatenate([self._pool_last, *(s for _, s in self._seen)])
         self._seen = []
-        candidates, inverse = np.unique(rows, return_inverse=True)
-        latest = np.full(len(candidates), -1, dtype=np.int64)
-        np.maximum.at(latest, inverse, last)
+        candidates, _, latest = merge_seen(rows, np.zeros(len(rows), np.float32), last)
         freq = self.tracker.estimate(candidates)
+        hot = _within(candidates, self.hot)
         first, second = (freq, latest) if self.policy == "lfu" else (latest, freq)
-        order = np.lexsort((candidates, -second, -first))
-        order = order[freq[order] >= self.admission]
-        hot = np.sort(candidates[order[: self.capacity]])
-        pool = order[: 2 * self.capacity]
-        pool = pool[np.argsort(candidates[pool])]
+        if self.policy == "lfu" and self.admission:
+            first = freq + np.float32(self.admission) * hot
+        eligible = np.flatnonzero((freq >= self.admission) | hot)
+        chosen = eligible[best(first[eligible], second[eligible], self.capacity)]
+        pool = eligible[best(first[eligible], second[eligible], 2 * self.capacity)]
+        hot = np.sort(candidates[chosen])
+        pool = np.sort(pool)  # the best 2 x capacity include the best capacity
         self._pool, self._pool_last = candidates[pool], latest[pool]
         self.tracker.decay(self.decay)
-        retier = Retier(hot, np.setdiff1d(hot, self.hot, assume_unique=True),
-                        np.setdiff1d(self.hot, hot, assume_unique=True))
+        retier = Retier(hot, hot[~_within(hot, self.hot)], self.hot[~_within(self.hot, hot)])
         self.hot = hot
         return retier
+
+
+def _within(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
+    """Which ``values`` are in ``sorted_set`` (sorted, unique): a binary search each."""
+    if len(sorted_set) == 0:
+        return np.zeros(len(values), dtype=bool)
+    at = np.minimum(np.searchsorted(sorted_set, values), len(sorted_set) - 1)
+    return sorted_set[at] == values

@@ -2,7 +2,8 @@
 backing store (the parameter servers), behind one :class:`EmbeddingStore`.
 
 Every worker calls :meth:`TieredStore.push` once per step and :meth:`TieredStore.flush`
-once at the end; both are collective over ``comm`` (the workers). One step:
+once at the end, and may call :meth:`TieredStore.warm_start` before the first step; all are
+collective over ``comm`` (the workers). One step:
 
 1. Lookups: hot rows come from the local replica, the others from the cold store in one
    pull. Training lookups are counted (:meth:`~TieredStore.observe`).
@@ -39,6 +40,7 @@ steps of the other workers' updates (for SGD at a constant rate the base equals 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -69,7 +71,7 @@ class TieringStats:
     resident_bytes: int = 0  # the hot tier's arrays (peak over the run)
     frequency_bytes: int = 0  # counts and sketches
     hot_rows: int = 0  # rows hot at the end
-    lookups: int = 0  # training lookups (ids, repeats included)
+    lookups: int = 0  # training lookups merged so far (ids, repeats included)
     hits: int = 0  # of which served by the hot tier
     table_lookups: list[int] = field(default_factory=list)
     table_hits: list[int] = field(default_factory=list)
@@ -83,6 +85,9 @@ class TieringStats:
     rows_demoted: int = 0
     count_bytes: int = 0  # received when merging lookup counts
     retier_s: float = 0.0
+    warm_start_rows: int = 0  # made hot by a scan of the data before training
+    warm_start_count_bytes: int = 0  # received merging the scan's counts
+    warm_start_s: float = 0.0
     oracle_hit_rate: float = float("nan")  # best static hot set of `capacity` (worker 0)
 
     @property
@@ -121,8 +126,9 @@ class TieredStore(EmbeddingStore):
         self._expected: np.ndarray | None = None  # hot rows of each worker's coming push
         self._seen: list[tuple[np.ndarray, np.ndarray, int]] = []
         self._oracle = np.zeros(layout.total_rows) if comm.Get_rank() == 0 else None
-        self._table_lookups = np.zeros(len(layout.specs), dtype=np.int64)
-        self._table_hits = np.zeros(len(layout.specs), dtype=np.int64)
+        # [lookups, hits] per table since the last merge, and up to it (what the oracle saw)
+        self._recent = np.zeros((2, len(layout.specs)), dtype=np.int64)
+        self._merged = np.zeros((2, len(layout.specs)), dtype=np.int64)
         row = hot_row_bytes(layout.dim, optimizer.state_width(layout.dim), staleness != 0)
         self.stats = TieringStats(capacity=capacity, budget_bytes=capacity * row,
                                   frequency_bytes=tracker.nbytes)
@@ -156,11 +162,28 @@ class TieredStore(EmbeddingStore):
         hot = self.hot.locate(rows)[0]
         tables = self.layout.table_of(rows)
         size = len(self.layout.specs)
-        self._table_lookups += np.bincount(tables, weights=counts, minlength=size).astype(
-            np.int64)
-        self._table_hits += np.bincount(tables[hot], weights=counts[hot],
-                                        minlength=size).astype(np.int64)
+        self._recent[0] += np.bincount(tables, weights=counts, minlength=size).astype(np.int64)
+        self._recent[1] += np.bincount(tables[hot], weights=counts[hot],
+                                       minlength=size).astype(np.int64)
         self._seen.append((rows, counts, self.step))
+
+    def warm_start(self, chunks: Iterable[tuple[np.ndarray, np.ndarray]]) -> None:
+        """Count lookups seen outside training, ``(unique rows, counts)`` chunks of a scan of
+        the data, and make the rows they rank hot (HugeCTR seeds its frequent embeddings
+        from the data likewise). Collective over ``comm``; before the first push."""
+        start = time.perf_counter()
+        for rows, counts in chunks:
+            self._seen.append((rows, counts, -1))
+        before = self.stats.count_bytes
+        self._merge_counts(lookups=False)
+        self.stats.warm_start_count_bytes = self.stats.count_bytes - before
+        self.stats.count_bytes = before
+        if not self.everything_hot:
+            plan = self.planner.plan()
+            self._write_back(plan.demoted)
+            self._install(plan, self.cold.read(plan.promoted))
+            self.stats.warm_start_rows = len(plan.promoted)
+        self.stats.warm_start_s = time.perf_counter() - start
 
     def push(self, rows: np.ndarray, grads: np.ndarray, lr: float) -> None:
         """Collective over ``comm``: hot update, re-tiering when due, cold push (module doc)."""
@@ -168,7 +191,8 @@ class TieredStore(EmbeddingStore):
         rows, grads = coalesce(rows, grads)
         hot, slots = self.hot.locate(rows)
         step, self.step, self._lr = self.step, self.step + 1, lr
-        retier = not self.everything_hot and retier_due(step, self.config.interval)
+        retier = not self.everything_hot and retier_due(step, self.config.interval,
+                                                        warm_up=not self.stats.warm_start_s)
         counts, self._expected = self._expected, None
         self._update_hot(slots[hot], grads[hot], lr, retier, counts)
         plan = None
@@ -200,12 +224,12 @@ class TieredStore(EmbeddingStore):
         self._write_back(self.hot.rows)
 
     def report(self) -> TieringStats:
-        """The counters so far, with hit rates; worker 0 adds the oracle hit rate over the
-        lookups merged so far (all of them after :meth:`flush`)."""
+        """The counters so far. Hit rates cover the lookups merged so far (up to the last
+        re-tiering, or all after :meth:`flush`), the same ones worker 0's oracle hit rate
+        covers."""
         stats = self.stats
         stats.hot_rows = len(self.hot)
-        stats.table_lookups = self._table_lookups.tolist()
-        stats.table_hits = self._table_hits.tolist()
+        stats.table_lookups, stats.table_hits = self._merged.tolist()
         stats.lookups, stats.hits = sum(stats.table_lookups), sum(stats.table_hits)
         if self._oracle is not None:
             stats.oracle_hit_rate = oracle_hit_rate(self._oracle, stats.capacity)
@@ -303,9 +327,10 @@ class TieredStore(EmbeddingStore):
         into.apply(*coalesce(all_slots, np.ascontiguousarray(everyone[:, 2:]).view(np.float32)),
                    lr)
 
-    def _merge_counts(self) -> None:
+    def _merge_counts(self, lookups: bool = True) -> None:
         """``Allgatherv`` of every worker's (row, lookups, last step) since the last merge;
-        every worker records the same merged counts."""
+        every worker records the same merged counts. ``lookups``: they are training
+        lookups (counted in the hit rates and the oracle), not a scan of the data."""
         if self._seen:
             rows, counts, last = merge_seen(
                 np.concatenate([r for r, _, _ in self._seen]),
@@ -319,8 +344,11 @@ class TieredStore(EmbeddingStore):
         self.stats.count_bytes += (len(everyone) - len(mine)) * mine.itemsize * 3
         rows, counts, last = merge_seen(everyone[:, 0], everyone[:, 1], everyone[:, 2])
         self.planner.record(rows, counts, last)
-        if self._oracle is not None:
-            self._oracle[rows] += counts
+        if lookups:
+            self._merged += self._recent
+            self._recent[:] = 0
+            if self._oracle is not None:
+                self._oracle[rows] += counts
 
     def _write_back(self, rows: np.ndarray) -> None:
         """This worker's share of ``rows`` (every ``W``-th) written to the cold store with

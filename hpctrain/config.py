@@ -150,6 +150,9 @@ class TieringConfig:
                               min=0.0)
     interval: int = option(50, "steps between re-tierings (after warm-up ones at steps 1, 2, "
                                "4, ...)", min=1)
+    prescan: int = option(0, "training samples whose ids are counted before the first step to "
+                             "seed the hot set (the split's first; 0 learns it online only)",
+                          min=0)
     decay: float = option(0.9, "factor on every lookup count at each re-tiering, so the hot "
                                "set follows drift", min=0.0, max=1.0)
     exact_below: int = option(1_000_000, "tables with fewer rows count lookups exactly (4 "

@@ -147,6 +147,7 @@ class Trainer:
         else:
             self.store = ReplicatedTables(LocalTables(self.layout, sparse, tc.seed), self.comm)
         self.embeddings = EmbeddingCollection(self.layout, self.store, topo.device)
+        self.warm_start_bytes = self._warm_start() if self.tiered else 0
         self.prefetch = job is not None and config.ps.prefetch
         epoch = batches_per_epoch(self.dataset.num_samples("train"), tc.batch_size)
         self.steps = tc.steps or max(1, epoch // tc.accumulate)
@@ -170,6 +171,21 @@ class Trainer:
                  self.layout.total_rows, capacity * row / 2**20, tc.policy)
         return TieredStore(self.layout, self.client, self.comm, sparse, tc, capacity,
                            self.topo.device, staleness=BSP.bound)
+
+    def _warm_start(self) -> int:
+        """Seed the hot set from the ids of the first ``tiering.prescan`` training samples,
+        each worker scanning its share; returns the bytes that moved the rows, which are
+        then taken out of the client's counters (they are not per-step traffic)."""
+        n = min(self.config.tiering.prescan, self.dataset.num_samples("train"))
+        if n == 0:
+            return 0
+        lo, hi = shard_range(n, self.comm.Get_size(), self.comm.Get_rank())
+        self.tiered.warm_start(
+            np.unique(self.layout.global_rows(self.dataset.sparse("train", a, min(hi, a + 65536))),
+                      return_counts=True) for a in range(lo, hi, 65536))
+        moved = self.client.stats.move_bytes_sent + self.client.stats.move_bytes_received
+        self.client.stats = type(self.client.stats)()
+        return moved
 
     # -- one step --------------------------------------------------------------------------
 
@@ -306,10 +322,6 @@ class Trainer:
                 window_loss, window_n = 0.0, 0
             if tc.eval_every and done % tc.eval_every == 0 and done != self.steps:
                 self._log_eval(done)
-        if self.tiered:
-            flush = time.perf_counter()
-            self.tiered.flush()
-            self.phase_s["retier"] += time.perf_counter() - flush
         bar.close()
         summary.steps = self.steps
         summary.wall_s = time.perf_counter() - start
@@ -324,7 +336,10 @@ class Trainer:
         return summary
 
     def close(self) -> None:
-        """Tell the parameter servers this worker is done (no-op for replicated tables)."""
+        """Write the hot rows back to the servers, which then hold the whole model, and tell
+        them this worker is done (collective over the workers; no-op for replicated tables)."""
+        if self.tiered:
+            self.tiered.flush()
         if self.client:
             self.client.close()
 
@@ -343,4 +358,5 @@ class Trainer:
     def _rank_facts(self) -> dict[str, object]:
         return {"peak_rss_mb": peak_rss_bytes() / 2**20, "skipped": self.dataset.skipped,
                 "client": self.client.stats.as_dict() if self.client else None,
-                "tiering": self.tiered.report().as_dict() if self.tiered else None}
+                "tiering": ({**self.tiered.report().as_dict(),
+                             "warm_start_bytes": self.warm_start_bytes} if self.tiered else None)}

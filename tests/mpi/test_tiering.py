@@ -132,7 +132,7 @@ TRAIN = ["data.table_sizes=[50, 200, 1000, 7]", "data.train_samples=3000",
          "data.eval_samples=300", "model.embedding_dim=8", "model.bottom_mlp=[16, 8]",
          "model.top_mlp=[16, 1]", "train.progress=false", "train.batch_size=48",
          "train.steps=9", "tiering.interval=2", "tiering.admission=0", "tiering.decay=0.5",
-         "tiering.budget=0.1"]
+         "tiering.budget=0.1", "tiering.prescan=500"]
 
 
 def parameters(trainer: Trainer) -> np.ndarray:
@@ -141,8 +141,9 @@ def parameters(trainer: Trainer) -> np.ndarray:
 
 @pytest.mark.mpi(ranks=(3, 4))
 def test_tiered_training_equals_untiered(mpi_ranks, tmp_path):
-    """1 server and 2 or 3 workers, BSP, SGD: the tiered run ends with the model of the
-    untiered one (which equals the single-process replicated run, see test_ps)."""
+    """1 server and 2 or 3 workers, BSP, SGD, the hot set warm-started from a scan of the
+    data: the tiered run ends with the model of the untiered one (which equals the
+    single-process replicated run, see test_ps)."""
     config = load_config(overrides=[*TRAIN, "ps.servers=1", "train.optimizer='sgd'",
                                     "train.lr=0.3", f"train.run_dir={str(tmp_path)!r}"])
     topo = build_topology(config)
@@ -152,13 +153,14 @@ def test_tiered_training_equals_untiered(mpi_ranks, tmp_path):
         job.serve(SparseOptimizer("sgd"), config.train.seed, BSP)
         return
     trainer = Trainer(config, topo, layout=layout, job=job)
-    summary = trainer.fit()  # ends with a flush: the servers hold every row
+    summary = trainer.fit()
     everything = np.arange(layout.total_rows)
-    block = trainer.client.read(everything)
     pulled = trainer.store.pull(everything)
-    trainer.close()
+    trainer.tiered.flush()  # as trainer.close() does: now the servers hold every row
+    block = trainer.client.read(everything)
+    trainer.client.close()
     stats = trainer.tiered.stats
-    assert stats.retiers >= 4 and stats.rows_promoted > 0 and stats.hits > 0
+    assert stats.retiers >= 4 and stats.warm_start_rows > 0 and stats.hits > 0
     if topo.rank == 0:
         first = summary.tiering[0]
         assert first["hit_rate"] > 0.3 and 0 < first["oracle_hit_rate"] <= 1

@@ -8,8 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from embeddings.freq import CountMinSketch, ExactCounts, FrequencyTracker, oracle_hit_rate
-from embeddings.hotcold import HotSetPlanner, hot_capacity, merge_seen, retier_due
+from embeddings.hotcold import HotSetPlanner, best, hot_capacity, merge_seen, retier_due
+from hpctrain.config import load_config
 from hpctrain.data.synthetic import SyntheticClicks
+from hpctrain.errors import ConfigError
 
 STREAM = st.lists(st.tuples(st.integers(0, 5000), st.integers(1, 20)), max_size=300)
 
@@ -105,6 +107,7 @@ def test_budget_units_and_limits():
 def test_retier_schedule_warms_up_then_follows_the_interval():
     due = [s for s in range(130) if retier_due(s, 50)]
     assert due == [0, 1, 3, 7, 15, 31, 49, 99]
+    assert [s for s in range(130) if retier_due(s, 50, warm_up=False)] == [49, 99]
     assert [s for s in range(5) if retier_due(s, 1)] == [0, 1, 2, 3, 4]
 
 
@@ -114,6 +117,16 @@ def test_merge_seen_sums_counts_and_keeps_the_latest_step():
     np.testing.assert_array_equal(rows, [3, 7, 9])
     np.testing.assert_array_equal(counts, [2, 4, 4])
     np.testing.assert_array_equal(last, [1, 5, 8])
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 3)), max_size=40),
+       st.integers(0, 45))
+def test_best_picks_the_lexicographic_top(entries, count):
+    first = np.array([f for f, _ in entries], dtype=np.float32)
+    second = np.array([s for _, s in entries], dtype=np.int64)
+    reference = np.lexsort((np.arange(len(entries)), -second, -first))[:count]
+    assert sorted(best(first, second, count).tolist()) == sorted(reference.tolist())
 
 
 def planner(capacity, **kw):
@@ -134,8 +147,12 @@ def test_lfu_lru_and_admission_choose_as_documented():
     assert lru.plan().hot.tolist() == [10, 13]  # 13 is the most recent, then the most counted
     assert picky.plan().hot.tolist() == [10, 11]
     record(picky, [12, 13], [1, 1], step=2)
-    retier = picky.plan()  # 13 (count 3) is admitted now and outranks nothing
+    retier = picky.plan()  # 13 (count 3) is admitted now, but 11 (4) holds its place
     assert retier.hot.tolist() == [10, 11] and retier.promoted.size == 0
+    record(picky, [13], [3], step=3)
+    assert picky.plan().hot.tolist() == [10, 11]  # 6 lookups, not more than 4 + 3
+    record(picky, [13], [2], step=4)
+    assert picky.plan().hot.tolist() == [10, 13]  # 8 > 4 + 3: now it displaces 11
 
 
 @settings(max_examples=40, deadline=None)
@@ -193,3 +210,25 @@ def test_lfu_hit_rate_is_near_the_oracle_on_a_zipf_stream():
     lru, _ = simulate([20_000, 3000], 1.05, 0.1, "lru")
     assert oracle - 0.05 <= lfu <= oracle, (lfu, oracle)
     assert lru < lfu
+
+
+@pytest.mark.parametrize("override, words", [
+    ("tiering.budget=-0.1", ["tiering.budget", ">= 0.0", "-0.1"]),
+    ("tiering.budget='lots'", ["tiering.budget", "a number", "lots"]),
+    ("tiering.budget_unit='pages'", ["tiering.budget_unit", "'fraction', 'rows', 'bytes'"]),
+    ("tiering.policy='fifo'", ["tiering.policy", "'lfu', 'lru'"]),
+    ("tiering.decay=1.5", ["tiering.decay", "[0.0, 1.0]"]),
+    ("tiering.interval=0", ["tiering.interval", ">= 1"]),
+])
+def test_bad_tiering_keys_name_the_key(override, words):
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=["ps.servers=1", override])
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_tiering_needs_servers_and_zero_is_off():
+    with pytest.raises(ConfigError, match="tiering.budget = 0.1: the cold tier lives on"):
+        load_config(overrides=["tiering.budget=0.1"])
+    assert load_config(overrides=["tiering.budget=0"]).tiering.budget == 0.0
+    assert load_config(overrides=["ps.servers=1", "tiering.budget=7"]).tiering.budget == 7.0
