@@ -32,8 +32,10 @@ __all__ = [
     "ModelConfig",
     "TrainConfig",
     "PSConfig",
+    "SyncConfig",
     "JobConfig",
     "load_config",
+    "staleness_bound",
     "dump_toml",
     "doc_table",
     "NUM_DENSE",
@@ -132,6 +134,28 @@ class PSConfig:
                                    min=1)
     prefetch: bool = option(False, "pull the next batch's rows while the current one "
                                    "computes (reads become one step stale)")
+    mode: str = option("hybrid", "hybrid: dense layers data parallel by allreduce, tables on "
+                                 "the servers; full: dense parameters on the servers too, as "
+                                 "one more table, so the sync model governs everything",
+                       choices=("hybrid", "full"))
+
+
+@dataclass(frozen=True)
+class SyncConfig:
+    model: str = option("bsp", "consistency model of the parameter-server tables: bsp, "
+                               "ssp:S (staleness bound S) or asp")
+    table_models: tuple[str, ...] = option((), "per-table overrides 'TABLE=MODEL'; TABLE is "
+                                               "t0, t1, ... or dense (full mode)")
+    deterministic: bool = option(False, "servers apply each step's pushes together, in worker "
+                                        "order, once all have arrived: bitwise reproducible; "
+                                        "needs staleness 0 and ps.prefetch off")
+    slow_workers: tuple[int, ...] = option((), "straggler injection: workers that are always "
+                                               "slow_factor times slower", min=0)
+    slow_factor: float = option(1.0, "persistent straggler slowdown", min=1.0)
+    straggle_probability: float = option(0.0, "transient stragglers: chance that a worker's "
+                                              "step is slowed", min=0.0, max=1.0)
+    straggle_factor: float = option(1.0, "transient straggler slowdown", min=1.0)
+    straggler_seed: int = option(0, "seed of the transient straggler draws", min=0)
 
 
 @dataclass(frozen=True)
@@ -141,6 +165,7 @@ class JobConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     ps: PSConfig = field(default_factory=PSConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
     source: str = field(default="", compare=False, metadata={"internal": True})
     """Where the job came from (file path or ``embedded default``), for messages."""
 
@@ -152,9 +177,31 @@ class JobConfig:
         if m.top_mlp[-1] != 1:
             raise ConfigError(f"model.top_mlp: the last width must be 1 (the logit), "
                               f"got {m.top_mlp[-1]}")
+        bounds = [staleness_bound(self.sync.model)]
+        for i, item in enumerate(self.sync.table_models):
+            table, sep, name = item.partition("=")
+            if not sep or not table.strip():
+                raise ConfigError(f"sync.table_models[{i}]: expected 'TABLE=MODEL', got {item!r}")
+            bounds.append(staleness_bound(name, f"sync.table_models[{i}]"))
+        if self.sync.deterministic and (self.ps.prefetch or any(b != 0 for b in bounds)):
+            raise ConfigError("sync.deterministic needs staleness 0 everywhere (bsp or ssp:0) "
+                              "and ps.prefetch = false")
         if self.data.source != "synthetic" and not self.data.paths:
             raise ConfigError(f"data.paths: data.source = {self.data.source!r} needs at least "
                               f"one input file")
+
+
+def staleness_bound(model: str, where: str = "sync.model") -> int | None:
+    """Staleness bound of a sync model name: ``bsp`` 0, ``ssp:S`` S, ``asp`` None."""
+    name, _, arg = model.strip().lower().partition(":")
+    if name in ("bsp", "asp") and not arg:
+        return 0 if name == "bsp" else None
+    if name == "ssp":
+        if not arg.isdigit():
+            raise ConfigError(f"{where}: {model!r}: SSP needs a non-negative integer staleness "
+                              f"bound, as in 'ssp:4'")
+        return int(arg)
+    raise ConfigError(f"{where}: unknown sync model {model!r}; expected bsp, ssp:S or asp")
 
 
 # ---------------------------------------------------------------------------------------

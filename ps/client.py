@@ -1,7 +1,8 @@
 """The worker's side of the parameter server: an :class:`~embeddings.types.EmbeddingStore`.
 
-``pull`` splits a batch's unique rows by owning server (the plan's placement), sends one
-request per server without blocking, and scatters the replies back into batch order.
+``pull`` splits a batch's unique rows by owning server (the plan's placement), and by sync
+model where tables follow different ones, sends one request per part without blocking, and
+scatters the replies back into batch order.
 ``push`` sums repeated rows, sends each server its rows' gradients (an empty push to the
 others: every push is a clock tick) and advances the worker's clock.
 
@@ -62,40 +63,54 @@ class _Pending:
 
 class PSClient(EmbeddingStore):
     def __init__(self, comm: MPI.Intracomm, layout: TableLayout, placement: Placement,
-                 servers: Sequence[int]) -> None:
+                 servers: Sequence[int], table_groups: Sequence[int] | None = None) -> None:
+        """``table_groups[t]`` labels table ``t``'s sync model; tables of different labels
+        never share a pull request, so each request is governed by one model."""
         self.comm = comm
         self.layout = layout
         self.dim = layout.dim
         self.placement = placement
         self.servers = list(servers)  # comm rank of server index i
+        groups = np.zeros(len(layout.specs), np.int64) if table_groups is None else table_groups
+        self.groups = np.asarray(groups, dtype=np.int64)
         self.clock = 0
         self._seq = 0
-        self._prefetched: _Pending | None = None
+        self._prefetched: list[_Pending] = []
         self._sends: list[tuple[MPI.Request, np.ndarray]] = []
         self.stats = ClientStats()
 
     # -- EmbeddingStore ----------------------------------------------------------------------
 
     def pull(self, rows: np.ndarray) -> np.ndarray:
-        pending, self._prefetched = self._prefetched, None
-        if pending is not None and np.array_equal(pending.rows, rows):
-            self.stats.prefetch_hits += 1
-        else:
-            if pending is not None:
-                self._complete(pending)  # a stale guess: drain it, then read afresh
-            pending = self._send_pull(rows, self.clock, slack=0)
-        return self._complete(pending)
+        for i, pending in enumerate(self._prefetched):
+            if np.array_equal(pending.rows, rows):
+                self.stats.prefetch_hits += 1
+                return self._complete(self._prefetched.pop(i))
+        return self._complete(self._send_pull(rows, self.clock, slack=0))
 
     def prefetch(self, rows: np.ndarray, ahead: int) -> None:
         """Start pulling ``rows``, to be read ``ahead`` (0 or 1) steps from now."""
-        if self._prefetched is not None:
-            self._complete(self._prefetched)
-        self._prefetched = self._send_pull(rows, self.clock + ahead, slack=ahead)
+        if len(self._prefetched) > 1:  # a guess nobody read: drain it
+            self._complete(self._prefetched.pop(0))
+        self._prefetched.append(self._send_pull(rows, self.clock + ahead, slack=ahead))
+
+    def write(self, rows: np.ndarray, values: np.ndarray) -> None:
+        """Overwrite ``rows`` (sorted unique) with ``values`` on their servers (optimizer
+        state reset); returns once every server has applied it."""
+        receives, keep = [], []
+        for index, _, tables, counts, ids, positions in self._split(rows, by_model=True):
+            seq = self._next_seq()
+            ack = np.empty(reply_capacity(0, self.dim), dtype=np.uint8)
+            receives.append(self.comm.Irecv(ack, source=self.servers[index], tag=reply_tag(seq)))
+            buf = encode_request(Op.WRITE, self.clock, seq, 0, tables, counts, ids,
+                                 np.ascontiguousarray(values[positions]))
+            keep.append((self.comm.Isend(buf, dest=self.servers[index], tag=TAG_REQUEST), buf))
+        wait_all(receives + [r for r, _ in keep])
 
     def push(self, rows: np.ndarray, grads: np.ndarray, lr: float) -> None:
         rows, grads = coalesce(rows, grads)
         self._reap()
-        for index, (tables, counts, ids, positions) in enumerate(self._split(rows)):
+        for index, _, tables, counts, ids, positions in self._split(rows, by_model=False):
             payload = np.ascontiguousarray(grads[positions])
             buf = encode_request(Op.PUSH, self.clock, self._next_seq(), 0, tables, counts,
                                  ids, payload, lr)
@@ -109,9 +124,8 @@ class PSClient(EmbeddingStore):
 
     def close(self) -> None:
         """Tell every server this worker is done, and finish all sends."""
-        if self._prefetched is not None:
-            self._complete(self._prefetched)
-            self._prefetched = None
+        while self._prefetched:
+            self._complete(self._prefetched.pop())
         for index in range(len(self.servers)):
             self._send(index, encode_request(Op.DONE, self.clock, self._next_seq(), 0, _NO_IDS,
                                              _NO_IDS, _NO_IDS))
@@ -120,8 +134,10 @@ class PSClient(EmbeddingStore):
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _split(self, rows: np.ndarray):
-        """Per server index: (tables, counts, ids, positions in ``rows``); rows sorted."""
+    def _split(self, rows: np.ndarray, by_model: bool):
+        """Parts of sorted ``rows``: (server index, model group, tables, counts, ids,
+        positions in ``rows``). ``by_model`` splits each server's rows by sync-model group
+        and omits empty parts; otherwise there is exactly one part per server."""
         tables = self.layout.table_of(rows)
         ids = rows - self.layout.offsets[tables]
         server = np.empty(len(rows), dtype=np.int64)
@@ -129,20 +145,22 @@ class PSClient(EmbeddingStore):
         for t in np.unique(tables).tolist():
             lo, hi = bounds[t], bounds[t + 1]
             server[lo:hi] = self.placement.locate(t, ids[lo:hi])[0]
-        order = np.argsort(server, kind="stable")
-        cuts = np.searchsorted(server[order], np.arange(len(self.servers) + 1))
+        groups = self.groups[tables] if by_model else np.zeros(len(rows), np.int64)
+        key = server * (int(self.groups.max()) + 1) + groups
+        order = np.argsort(key, kind="stable")
         for index in range(len(self.servers)):
-            positions = order[cuts[index]: cuts[index + 1]]
-            part_tables, counts = np.unique(tables[positions], return_counts=True)
-            yield part_tables, counts, ids[positions], positions
+            mine = order[server[order] == index]
+            labels = np.unique(groups[mine]) if by_model else np.zeros(1, np.int64)
+            for group in labels.tolist():
+                positions = mine[groups[mine] == group]
+                part_tables, counts = np.unique(tables[positions], return_counts=True)
+                yield index, group, part_tables, counts, ids[positions], positions
 
     def _send_pull(self, rows: np.ndarray, step: int, slack: int) -> _Pending:
         if len(rows) and not bool(np.all(rows[1:] > rows[:-1])):
             raise ValueError("pull needs sorted unique rows")
         pending = _Pending(rows, [], [])
-        for index, (tables, counts, ids, positions) in enumerate(self._split(rows)):
-            if len(ids) == 0:
-                continue
+        for index, _, tables, counts, ids, positions in self._split(rows, by_model=True):
             seq = self._next_seq()
             reply = np.empty(reply_capacity(len(ids), self.dim), dtype=np.uint8)
             recv = self.comm.Irecv(reply, source=self.servers[index], tag=reply_tag(seq))

@@ -9,6 +9,7 @@ server ranks :meth:`~PSJob.serve` and worker ranks talk to them through :meth:`~
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mpi4py import MPI
@@ -50,15 +51,21 @@ class PSJob:
         plan = ShardingPlan.from_json(world.bcast(text, root=0))
         return cls(world.Dup(), roles, layout, plan, Placement(plan))
 
-    def client(self) -> PSClient:
-        return PSClient(self.comm, self.layout, self.placement, self.roles.server_ranks())
+    def client(self, models: Sequence[SyncModel] | None = None) -> PSClient:
+        """A worker's client; ``models[t]`` is table ``t``'s sync model, so that one pull
+        request never mixes tables of different models."""
+        groups = None if models is None else [sorted(set(models), key=str).index(m)
+                                              for m in models]
+        return PSClient(self.comm, self.layout, self.placement, self.roles.server_ranks(),
+                        groups)
 
-    def serve(self, optimizer: SparseOptimizer, seed: int, sync: SyncModel) -> ServerStats:
+    def serve(self, optimizer: SparseOptimizer, seed: int, models: Sequence[SyncModel],
+              deterministic: bool = False) -> ServerStats:
         """Hold this server's shard and serve the workers until they are all done."""
         index = self.comm.Get_rank() - self.roles.workers
         before = current_rss_bytes()
         store = ShardStore(self.layout, self.placement, index, optimizer, seed)
-        server = Server(self.comm, store, self.roles.worker_ranks(), sync)
+        server = Server(self.comm, store, self.roles.worker_ranks(), models, deterministic)
         server.stats.rss_growth_bytes = current_rss_bytes() - before
         log.info("server %d holds %d rows (%.1f MB)", index, self.placement.server_rows(index),
                  store.resident_bytes() / 2**20)

@@ -5,7 +5,7 @@ Every request is one byte buffer, sent with tag :data:`TAG_REQUEST`:
     int64  op, step, seq, slack, ntables; float64 lr (PUSH: the learning rate to apply)
     int64  table[ntables], count[ntables]
     int64  ids[sum(count)]                  (ids within each table, grouped by table)
-    float32 grads[sum(count), dim]          (PUSH only)
+    float32 grads[sum(count), dim]          (PUSH: gradients; WRITE: new values)
 
 Every reply is one byte buffer, sent with tag ``reply_tag(seq)`` so that a worker with
 several requests in flight matches each reply to its request:
@@ -38,6 +38,7 @@ class Op(IntEnum):
     PULL = 1  # read rows; the reply may be deferred until the sync model allows it
     PUSH = 2  # apply summed gradients of unique rows; advances the sender's clock
     DONE = 3  # the sender will send nothing more
+    WRITE = 4  # overwrite rows (optimizer state reset); answered with an empty reply
 
 
 def reply_tag(seq: int) -> int:
@@ -91,7 +92,7 @@ def decode_request(buf: np.ndarray, dim: int) -> Request:
     n = int(counts.sum())
     end = (HEADER + 2 * ntables + n) * 8
     ids = buf[(HEADER + 2 * ntables) * 8: end].view(np.int64)
-    grads = buf[end:].view(np.float32).reshape(n, dim) if op == Op.PUSH else None
+    grads = buf[end:].view(np.float32).reshape(n, dim) if op in (Op.PUSH, Op.WRITE) else None
     return Request(Op(op), step, seq, slack, lr, tables, counts, ids, grads)
 
 

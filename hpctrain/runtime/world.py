@@ -93,6 +93,7 @@ def build_topology(config: JobConfig, base: MPI.Intracomm | None = None) -> Topo
     """
     base = MPI.COMM_WORLD if base is None else base
     roles = assign_roles(base.Get_size(), config.ps.servers)
+    _check_fits(config, roles)
     world = base.Dup()
     rank = world.Get_rank()
     node = world.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
@@ -101,6 +102,17 @@ def build_topology(config: JobConfig, base: MPI.Intracomm | None = None) -> Topo
     torch.set_num_threads(threads)
     device = _select_device(config.runtime.device, node.Get_rank())
     return Topology(world, node, role_comm, roles, device, threads)
+
+
+def _check_fits(config: JobConfig, roles: Roles) -> None:
+    """Config keys that name ranks must fit this world (checked before any message)."""
+    missing = [w for w in config.sync.slow_workers if w >= roles.workers]
+    if missing:
+        raise ConfigError(f"sync.slow_workers names worker {missing[0]}, but the job has "
+                          f"{roles.workers} workers (0..{roles.workers - 1})")
+    if config.ps.mode == "full" and not config.ps.servers:
+        raise ConfigError("ps.mode = 'full' keeps the dense parameters on the servers: "
+                          "set ps.servers >= 1")
 
 
 def _select_device(choice: str, local_rank: int) -> torch.device:

@@ -10,6 +10,11 @@ One step (``accumulate`` micro-batches per optimizer step):
    allreduce and divided by the global count (an exact mean, also for uneven slices);
 5. the dense optimizer steps, and the touched rows' gradients are pushed to the store, which
    applies the sparse optimizer where the rows live. The push ends the worker's step.
+
+In full parameter-server mode (``ps.mode = "full"``) steps 4-5 change: there is no
+allreduce; the dense parameters are pulled from the servers before the step and their
+gradients, divided by the global batch, travel in the same push as the embedding rows
+(:mod:`hpctrain.train.dense_ps`), so workers advance as the sync model lets them.
 """
 
 from __future__ import annotations
@@ -38,8 +43,11 @@ from hpctrain.parallel.data import DataParallel
 from hpctrain.runtime.env import peak_rss_bytes
 from hpctrain.runtime.topology import shard_range
 from hpctrain.runtime.world import Topology
-from hpctrain.sync.bsp import BSP
+from hpctrain.sync.models import table_models
+from hpctrain.sync.stragglers import Stragglers
+from hpctrain.sync.types import SyncModel
 from hpctrain.train import metrics
+from hpctrain.train.dense_ps import DenseOnServers, with_dense_table
 from hpctrain.train.rundir import RunDir, default_run_dir
 from ps.client import PSClient
 from ps.service import PSJob
@@ -65,7 +73,9 @@ class Summary:
     skipped_lines: int = 0
     run_dir: str = ""
     ps_clients: list[dict[str, float]] = field(default_factory=list)
-    ps_servers: list[dict[str, float]] = field(default_factory=list)
+    ps_servers: list[dict[str, object]] = field(default_factory=list)
+    step_times: list[dict[str, float]] = field(default_factory=list)
+    """Per worker: mean, p50, p99 and max step seconds, and straggler sleep."""
 
     @property
     def step_s(self) -> float:
@@ -87,7 +97,27 @@ class Summary:
                 "step_samples_per_s": self.step_samples_per_s, "train_loss": self.train_loss,
                 "eval": self.eval, "peak_rss_mb": self.peak_rss_mb,
                 "skipped_lines": self.skipped_lines, "ps_clients": self.ps_clients,
-                "ps_servers": self.ps_servers}
+                "ps_servers": self.ps_servers, "step_times": self.step_times,
+                "staleness": self.staleness()}
+
+    def staleness(self) -> dict[str, dict[str, float]]:
+        """Per table, over all servers: reads, mean, p99 and max staleness in clocks."""
+        merged: dict[str, dict[int, int]] = {}
+        for server in self.ps_servers:
+            for table, counts in server.get("staleness", {}).items():
+                for gap, n in counts.items():
+                    merged.setdefault(table, {})
+                    merged[table][int(gap)] = merged[table].get(int(gap), 0) + n
+        out = {}
+        for table, counts in merged.items():
+            gaps = np.array(sorted(counts))
+            weights = np.array([counts[g] for g in gaps])
+            cumulative = np.cumsum(weights) / weights.sum()
+            out[table] = {"reads": int(weights.sum()),
+                          "mean": float((gaps * weights).sum() / weights.sum()),
+                          "p99": float(gaps[np.searchsorted(cumulative, 0.99)]),
+                          "max": float(gaps.max())}
+        return out
 
 
 def run_training(config: JobConfig, topo: Topology) -> Summary:
@@ -97,17 +127,24 @@ def run_training(config: JobConfig, topo: Topology) -> Summary:
     dataset = open_dataset(config.data) if topo.is_worker else None
     sizes = topo.world.bcast(dataset.table_sizes if topo.rank == 0 else None, root=0)
     layout = TableLayout.from_sizes(sizes, config.model.embedding_dim)
-    job = None
+    job, models = None, None
     if config.ps.servers:
-        job = PSJob.create(topo.world, topo.roles, layout, config.ps, config.train.seed)
+        served = layout
+        if config.ps.mode == "full":
+            dense = sum(p.numel() for p in DLRM(config.model, len(sizes)).parameters())
+            served = with_dense_table(layout, dense)
+        models = table_models(config.sync.model, config.sync.table_models,
+                              [s.name for s in served.specs])
+        job = PSJob.create(topo.world, topo.roles, served, config.ps, config.train.seed)
     summary, server_stats = Summary(), None
     if topo.is_worker:
-        trainer = Trainer(config, topo, dataset, layout, job)
+        trainer = Trainer(config, topo, dataset, layout, job, models)
         summary = trainer.fit()
         trainer.close()
     else:
         optimizer = SparseOptimizer(config.train.optimizer)
-        server_stats = job.serve(optimizer, config.train.seed, BSP).as_dict()
+        server_stats = job.serve(optimizer, config.train.seed, models,
+                                 config.sync.deterministic).as_dict()
     gathered = topo.world.gather(server_stats, root=0)
     if topo.rank == 0:
         summary.ps_servers = [s for s in gathered if s is not None]
@@ -119,8 +156,10 @@ class Trainer:
     """Trains the DLRM on this worker; collective over the workers (``topo.role_comm``)."""
 
     def __init__(self, config: JobConfig, topo: Topology, dataset: Dataset | None = None,
-                 layout: TableLayout | None = None, job: PSJob | None = None) -> None:
-        """Tables live on ``job``'s servers when given, else replicated on every worker."""
+                 layout: TableLayout | None = None, job: PSJob | None = None,
+                 models: list[SyncModel] | None = None) -> None:
+        """Tables live on ``job``'s servers (``models[t]`` governing table ``t``) when given,
+        else replicated on every worker. ``layout`` holds the embedding tables only."""
         self.config = config
         self.topo = topo
         self.comm = topo.role_comm
@@ -133,8 +172,13 @@ class Trainer:
         self.dp = DataParallel(self.model, self.comm)
         optim_cls = torch.optim.SGD if tc.optimizer == "sgd" else torch.optim.Adagrad
         self.optimizer = optim_cls(self.model.parameters(), lr=tc.lr)
+        self.dense_ps = None
         if job:
-            self.store = job.client()
+            self.store = job.client(models)
+            if config.ps.mode == "full":
+                self.dense_ps = DenseOnServers(self.dp.params, self.dp.flat, self.store,
+                                               job.layout)
+                self.dense_ps.place_initial(self.comm)
         else:
             tables = LocalTables(self.layout, SparseOptimizer(tc.optimizer), tc.seed)
             self.store = ReplicatedTables(tables, self.comm)
@@ -147,6 +191,11 @@ class Trainer:
         if self.run and job:
             self.run.write_text("plan.json", job.plan.to_json())
         self.phase_s: dict[str, float] = defaultdict(float)
+        sc = config.sync
+        self.stragglers = Stragglers(self.comm.Get_rank(), sc.slow_workers, sc.slow_factor,
+                                     sc.straggle_probability, sc.straggle_factor,
+                                     sc.straggler_seed)
+        self.step_s: list[float] = []
 
     # -- one step --------------------------------------------------------------------------
 
@@ -171,6 +220,10 @@ class Trainer:
         tc = self.config.train
         lookups: list[Lookup] = []
         count, loss_sum = 0, 0.0
+        started = time.perf_counter()
+        if self.dense_ps:
+            self.dense_ps.pull()
+            self.phase_s["lookup"] += time.perf_counter() - started
         for _ in range(tc.accumulate):
             index, batch = ahead.pop() if ahead else next(batches)
             if self.prefetch:
@@ -192,22 +245,35 @@ class Trainer:
             lookups.append(lookup)
             count += len(batch)
             loss_sum += loss.item()
+        self.stragglers.delay(step, time.perf_counter() - started)
+        lr = self.learning_rate(step)
+        if self.dense_ps:
+            total, scale = tc.batch_size * tc.accumulate, 1.0 / (tc.batch_size * tc.accumulate)
+            t0 = time.perf_counter()
+            rows, grads = self.embeddings.gradients(lookups, scale)
+            dense_rows, dense_grads = self.dense_ps.gradients(scale)
+            self.store.push(np.concatenate([rows, dense_rows]),
+                            np.concatenate([grads, dense_grads]), lr)
+            self.dp.zero()
+            self.phase_s["push"] += time.perf_counter() - t0
+            self.step_s.append(time.perf_counter() - started)
+            return total, loss_sum / max(count, 1)
         t0 = time.perf_counter()
         total, total_loss = self.dp.allreduce([count, loss_sum])
         scale = 1.0 / max(total, 1.0)
         self.dp.scale(scale)
         t1 = time.perf_counter()
-        lr = self.learning_rate(step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.step()
         self.dp.zero()
         t2 = time.perf_counter()
-        self.embeddings.push(lookups, scale, lr)
+        self.store.push(*self.embeddings.gradients(lookups, scale), lr)
         t3 = time.perf_counter()
         for phase, seconds in (("dense_sync", t1 - t0), ("optimizer", t2 - t1),
                                ("push", t3 - t2)):
             self.phase_s[phase] += seconds
+        self.step_s.append(t3 - started)
         return int(total), total_loss * scale
 
     def _read(self, split: str, index: int, global_batch: int) -> Batch:
@@ -224,6 +290,8 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         """Metrics over the whole eval split: each worker scores its contiguous part, then a
         ``Gatherv`` over the workers brings scores and labels to worker 0 (others get {})."""
+        if self.dense_ps:
+            self.dense_ps.pull()
         self.model.eval()
         n = self.dataset.num_samples("eval")
         lo, hi = shard_range(n, self.comm.Get_size(), self.comm.Get_rank())
@@ -285,6 +353,7 @@ class Trainer:
             summary.peak_rss_mb = [f["peak_rss_mb"] for f in facts]
             summary.skipped_lines = sum(f["skipped"] for f in facts)
             summary.ps_clients = [f["client"] for f in facts if f["client"]]
+            summary.step_times = [f["step_times"] for f in facts]
         return summary
 
     def close(self) -> None:
@@ -306,5 +375,9 @@ class Trainer:
 
     def _rank_facts(self) -> dict[str, object]:
         client = self.store.stats.as_dict() if isinstance(self.store, PSClient) else None
-        return {"peak_rss_mb": peak_rss_bytes() / 2**20,
-                "skipped": self.dataset.skipped, "client": client}
+        steps = np.array(self.step_s or [0.0])
+        times = {"mean": float(steps.mean()), "p50": float(np.percentile(steps, 50)),
+                 "p99": float(np.percentile(steps, 99)), "max": float(steps.max()),
+                 "straggler_sleep": self.stragglers.delayed_s}
+        return {"peak_rss_mb": peak_rss_bytes() / 2**20, "skipped": self.dataset.skipped,
+                "client": client, "step_times": times}
