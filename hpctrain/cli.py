@@ -3,6 +3,7 @@
     mpiexec -n 4 hpctrain train                       # the embedded default job
     mpiexec -n 2 hpctrain train jobs/configs/criteo_sample.toml --set train.lr=0.05
     mpiexec -n 2 hpctrain info
+    mpiexec -n 4 hpctrain compare-sync --models bsp,ssp:4,asp --stragglers transient:0.1:3
     hpctrain preprocess jobs/configs/criteo_sample.toml --out sample.h5
     hpctrain config [JOB.toml] [--doc]
 
@@ -22,6 +23,7 @@ from hpctrain.errors import HpctrainError
 from hpctrain.runtime.abort import USER_ERROR, run_guarded, world_rank
 from hpctrain.runtime.log import setup_logging
 from hpctrain.runtime.world import Topology, build_topology
+from hpctrain.sync.models import parse_models
 
 __all__ = ["main"]
 
@@ -29,7 +31,12 @@ __all__ = ["main"]
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        config = load_config(args.job, [*args.set, *_bench_overrides(args)])
+        config = load_config(args.job, [*args.set, *_command_overrides(args)])
+        if args.command == "compare-sync":
+            parse_models(args.models)
+            if not config.ps.servers:  # sync models govern parameter-server tables
+                config = load_config(args.job, ["ps.servers=1", "ps.mode='full'", *args.set,
+                                                *_command_overrides(args)])
         setup_logging(world_rank(), config.runtime.log_level)
         topo = build_topology(config) if args.command in _NEEDS_WORLD else None
     except HpctrainError as exc:
@@ -58,6 +65,16 @@ def _parser() -> argparse.ArgumentParser:
     command("info", "print the MPI world, roles, threads, torch/CUDA/NCCL and allocation")
     pre = command("preprocess", "convert the job's Criteo text files into one HDF5 file")
     pre.add_argument("--out", required=True, help="output .h5 path (written atomically)")
+    compare = command("compare-sync", "train the job under several sync models and compare "
+                                      "them (table, summary.json, loss.png)")
+    compare.add_argument("--models", default="bsp,ssp:2,ssp:8,asp",
+                         help="comma-separated: bsp, ssp:S, asp (default bsp,ssp:2,ssp:8,asp)")
+    compare.add_argument("--stragglers", default="none",
+                         help="none, transient:P:FACTOR or persistent:WORKER[+WORKER]:FACTOR")
+    compare.add_argument("--target-loss", type=float, default=None,
+                         help="training loss to time (default: 1.01 x the first model's final)")
+    compare.add_argument("--out", default=None,
+                         help="results folder (default runs/compare-<date-time>)")
     cfg = command("config", "print the resolved job as TOML")
     cfg.add_argument("--doc", action="store_true", help="print the table of all config keys")
     bench = sub.add_parser("bench", help="benchmarks, with ratios to a baseline measured in "
@@ -73,9 +90,14 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _bench_overrides(args: argparse.Namespace) -> list[str]:
+def _command_overrides(args: argparse.Namespace) -> list[str]:
+    """Config keys a command's own flags set (they win over --set)."""
     if args.command == "bench" and args.bench == "ps":
         return [f"ps.servers={args.servers}", "train.progress=false"]
+    if args.command == "compare-sync":
+        from hpctrain.train.compare import straggler_overrides
+
+        return straggler_overrides(args.stragglers)
     return []
 
 
@@ -122,6 +144,19 @@ def _bench(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -
     return 0
 
 
+def _compare_sync(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -> int:
+    from hpctrain.train.compare import compare_sync, format_comparison
+    from hpctrain.train.rundir import default_run_dir
+
+    out = args.out or default_run_dir().replace("runs/", "runs/compare-")
+    out = topo.world.bcast(out, root=0)
+    result = compare_sync(config, topo, args.models, out, args.target_loss)
+    if result is not None:
+        print(format_comparison(result))
+        print(f"wrote {out}/summary.json and {out}/loss.png")
+    return 0
+
+
 def _config(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -> int:
     if world_rank() == 0:
         print(doc_table() if args.doc else dump_toml(config), end="")
@@ -129,8 +164,8 @@ def _config(args: argparse.Namespace, config: JobConfig, topo: Topology | None) 
 
 
 _COMMANDS = {"train": _train, "info": _info, "preprocess": _preprocess, "config": _config,
-             "bench": _bench}
-_NEEDS_WORLD = {"train", "info", "bench"}
+             "bench": _bench, "compare-sync": _compare_sync}
+_NEEDS_WORLD = {"train", "info", "bench", "compare-sync"}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -110,7 +110,7 @@ class TrainConfig:
     lr: float = option(0.1, "learning rate (dense and embedding)", min=0.0)
     optimizer: str = option("adagrad", "sgd, or adagrad (row-wise for embedding tables)",
                             choices=("sgd", "adagrad"))
-    warmup_steps: int = option(0, "linear learning-rate warm-up steps", min=0)
+    warmup_steps: int = option(30, "linear learning-rate warm-up steps", min=0)
     accumulate: int = option(1, "micro-batches accumulated per optimizer step", min=1)
     eval_every: int = option(0, "steps between held-out evaluations; 0 evaluates at the end",
                              min=0)

@@ -128,7 +128,7 @@ class Server:
         """The strictest model among the request's tables."""
         models = [self.models[t] for t in request.tables.tolist() if 0 <= t < len(self.models)]
         bounded = [m for m in models if m.bound is not None]
-        return min(bounded, key=lambda m: m.bound) if bounded else self.models[0]
+        return min(bounded, key=lambda m: m.bound) if bounded else (models or self.models)[0]
 
     def _ready(self, request: Request) -> bool:
         return self.model_of(request).ready(request.step, self.slowest_clock(), request.slack)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -120,10 +120,12 @@ class Summary:
         return out
 
 
-def run_training(config: JobConfig, topo: Topology) -> Summary:
+def run_training(config: JobConfig, topo: Topology,
+                 on_trained: Callable[[Trainer], None] | None = None) -> Summary:
     """Train on every rank of ``topo``: workers run the :class:`Trainer`, parameter-server
     ranks serve their shards. Collective over the world; world rank 0 gets the full summary
-    (the server counters included)."""
+    (the server counters included). ``on_trained`` runs on every worker after training,
+    while the servers still serve (to read back or save the final state)."""
     dataset = open_dataset(config.data) if topo.is_worker else None
     sizes = topo.world.bcast(dataset.table_sizes if topo.rank == 0 else None, root=0)
     layout = TableLayout.from_sizes(sizes, config.model.embedding_dim)
@@ -140,12 +142,16 @@ def run_training(config: JobConfig, topo: Topology) -> Summary:
     if topo.is_worker:
         trainer = Trainer(config, topo, dataset, layout, job, models)
         summary = trainer.fit()
+        if on_trained:
+            on_trained(trainer)
         trainer.close()
     else:
         optimizer = SparseOptimizer(config.train.optimizer)
         server_stats = job.serve(optimizer, config.train.seed, models,
                                  config.sync.deterministic).as_dict()
     gathered = topo.world.gather(server_stats, root=0)
+    if job:
+        job.comm.Free()
     if topo.rank == 0:
         summary.ps_servers = [s for s in gathered if s is not None]
         trainer.finish(summary)
