@@ -48,6 +48,7 @@ from hpctrain.sync.stragglers import Stragglers
 from hpctrain.sync.types import SyncModel
 from hpctrain.train import metrics
 from hpctrain.train.dense_ps import DenseOnServers, with_dense_table
+from hpctrain.train.optim import DenseOptimizer
 from hpctrain.train.rundir import RunDir, default_run_dir
 from ps.client import PSClient
 from ps.service import PSJob
@@ -176,8 +177,7 @@ class Trainer:
         torch.manual_seed(tc.seed)
         self.model = DLRM(config.model, len(self.layout.specs)).to(topo.device)
         self.dp = DataParallel(self.model, self.comm)
-        optim_cls = torch.optim.SGD if tc.optimizer == "sgd" else torch.optim.Adagrad
-        self.optimizer = optim_cls(self.model.parameters(), lr=tc.lr)
+        self.optimizer = DenseOptimizer(self.model.parameters(), tc.optimizer)
         self.dense_ps = None
         if job:
             self.store = job.client(models)
@@ -269,9 +269,7 @@ class Trainer:
         scale = 1.0 / max(total, 1.0)
         self.dp.scale(scale)
         t1 = time.perf_counter()
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        self.optimizer.step()
+        self.optimizer.step(lr)
         self.dp.zero()
         t2 = time.perf_counter()
         self.store.push(*self.embeddings.gradients(lookups, scale), lr)
