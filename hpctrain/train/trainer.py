@@ -9,6 +9,10 @@ One step (data-parallel, every worker holding all tables, BSP):
    allreduce, then divided by the global sample count (exact mean even for uneven slices);
 4. the dense optimizer steps; the touched rows' gradients are pushed to the store, which
    exchanges them among the workers and applies the sparse optimizer.
+
+With ``parallel.tp`` or ``parallel.pp`` above 1, steps 2-4 run tensor/pipeline parallel in
+:class:`~hpctrain.train.model_parallel.ModelParallelDLRM`, data parallel over the grid's
+``dp`` axis, with the same exact-mean semantics.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from hpctrain.parallel.data import DataParallel
 from hpctrain.runtime.topology import shard_range
 from hpctrain.runtime.world import Topology
 from hpctrain.train import metrics
+from hpctrain.train.model_parallel import ModelParallelDLRM, wants_model_parallel
 from hpctrain.train.rundir import RunDir, default_run_dir
 
 __all__ = ["Trainer", "Summary"]
@@ -85,6 +90,13 @@ class Trainer:
         self.layout = TableLayout.from_sizes(self.dataset.table_sizes,
                                              config.model.embedding_dim)
         tc = config.train
+        epoch = batches_per_epoch(self.dataset.num_samples("train"), tc.batch_size)
+        self.steps = tc.steps or max(1, epoch // tc.accumulate)
+        # tp/pp > 1: the dense model, its optimizer and the tables live in the hybrid engine.
+        self.hybrid = ModelParallelDLRM(config, topo, self.dataset, self.layout) if (
+            wants_model_parallel(config.parallel)) else None
+        if self.hybrid is not None:
+            return
         torch.manual_seed(tc.seed)
         self.model = DLRM(config.model, len(self.layout.specs)).to(topo.device)
         self.dp = DataParallel(self.model, self.comm)
@@ -93,8 +105,6 @@ class Trainer:
         tables = LocalTables(self.layout, SparseOptimizer(tc.optimizer), seed=tc.seed)
         self.embeddings = EmbeddingCollection(self.layout, ReplicatedTables(tables, self.comm),
                                               topo.device)
-        epoch = batches_per_epoch(self.dataset.num_samples("train"), tc.batch_size)
-        self.steps = tc.steps or max(1, epoch // tc.accumulate)
 
     # -- one step --------------------------------------------------------------------------
 
@@ -104,6 +114,8 @@ class Trainer:
 
     def step(self, step: int) -> tuple[int, float, float]:
         """Run optimizer step ``step``; returns (global samples, mean loss, data seconds)."""
+        if self.hybrid is not None:
+            return self.hybrid.step(step, self.learning_rate(step))
         tc = self.config.train
         lookups: list[Lookup] = []
         count, loss_sum, data_s = 0, 0.0, 0.0
@@ -146,6 +158,20 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         """Metrics over the whole eval split: each worker scores its contiguous part, then a
         ``Gatherv`` over the workers brings scores and labels to worker 0 (others get {})."""
+        probs, labels = self.hybrid.scores() if self.hybrid is not None else self._scores()
+        all_probs = gatherv(probs, self.comm)
+        all_labels = gatherv(labels, self.comm)
+        if all_probs is None:
+            return {}
+        return {"log_loss": metrics.log_loss(all_probs, all_labels),
+                "auc": metrics.auc(all_probs, all_labels),
+                "accuracy": metrics.accuracy(all_probs, all_labels),
+                "base_rate_log_loss": metrics.base_rate_log_loss(all_labels),
+                "samples": int(len(all_labels))}
+
+    @torch.no_grad()
+    def _scores(self) -> tuple[np.ndarray, np.ndarray]:
+        """Probabilities and labels of this worker's contiguous part of the eval split."""
         self.model.eval()
         n = self.dataset.num_samples("eval")
         lo, hi = shard_range(n, self.comm.Get_size(), self.comm.Get_rank())
@@ -160,15 +186,7 @@ class Trainer:
             probs.append(torch.sigmoid(logits).cpu().numpy())
             labels.append(batch.labels)
         self.model.train()
-        all_probs = gatherv(np.concatenate(probs), self.comm)
-        all_labels = gatherv(np.concatenate(labels), self.comm)
-        if all_probs is None:
-            return {}
-        return {"log_loss": metrics.log_loss(all_probs, all_labels),
-                "auc": metrics.auc(all_probs, all_labels),
-                "accuracy": metrics.accuracy(all_probs, all_labels),
-                "base_rate_log_loss": metrics.base_rate_log_loss(all_labels),
-                "samples": int(len(all_labels))}
+        return np.concatenate(probs), np.concatenate(labels)
 
     # -- the loop --------------------------------------------------------------------------
 
