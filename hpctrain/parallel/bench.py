@@ -42,7 +42,7 @@ from hpctrain.parallel.pipeline import PipelineStage, Traced
 from hpctrain.parallel.schedules import SCHEDULES, bubble, ideal_bubble, timeline
 from hpctrain.parallel.stages import split_sequential
 from hpctrain.runtime.topology import Grid
-from hpctrain.runtime.world import Topology, available_cores, build_grid
+from hpctrain.runtime.world import GridComms, Topology, available_cores, build_grid
 
 __all__ = ["PipelineRow", "PipelineBench", "format_rows", "write_json"]
 
@@ -99,7 +99,7 @@ class PipelineBench:
             _sleeping_barrier(topo.role_comm)
         return rows if topo.worker_rank == 0 else None
 
-    def _stage_rows(self, p: int, grid, device: torch.device) -> list[PipelineRow]:
+    def _stage_rows(self, p: int, grid: GridComms, device: torch.device) -> list[PipelineRow]:
         groups = parallel_groups(grid)
         comm = grid.comms["pipeline"]
         torch.manual_seed(0)

@@ -103,11 +103,19 @@ class MPIGroup(Group):
 
 
 class TorchGroup(Group):
-    """A torch.distributed group; ``ranks[i]`` is the torch rank of group rank ``i``."""
+    """A torch.distributed group; ``ranks[i]`` is the torch rank of group rank ``i``.
+
+    Construction is collective over the members: one ``all_reduce``, because torch asks that
+    a group's first call involve every member before it carries batched point-to-point
+    traffic (NCCL creates its communicator then).
+    """
 
     def __init__(self, group: dist.ProcessGroup, ranks: Sequence[int]) -> None:
         self.group, self.ranks = group, list(ranks)
         self.rank, self.size = self.ranks.index(dist.get_rank()), len(self.ranks)
+        nccl = dist.get_backend(group) == "nccl"
+        device = torch.device("cuda", torch.cuda.current_device()) if nccl else None
+        self.all_reduce(torch.zeros(1, device=device))
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """``all_reduce`` on the group, on the tensor's device."""
@@ -151,7 +159,8 @@ class ParallelGroups:
 
 
 def parallel_groups(grid: GridComms) -> ParallelGroups:
-    """Groups of ``grid``: torch.distributed ones when the grid has them, else MPI."""
+    """Groups of ``grid``: torch.distributed ones when the grid has them, else MPI.
+    Collective over the grid (see :class:`TorchGroup`)."""
     if grid.torch_groups is None:
         return ParallelGroups(MPIGroup(grid.comms["tensor"]), MPIGroup(grid.comms["pipeline"]),
                               grid.comms["data"])

@@ -58,6 +58,8 @@ class PipelineStage:
             m.in_features for m in module.modules() if hasattr(m, "in_features"))
         self.trace: list[Traced] = []
         self.peak_held = 0
+        self._held: dict[int, tuple[Any, torch.Tensor]] = {}
+        self._loss_sum: torch.Tensor | float = 0.0
 
     def train(self, sizes: list[int], inputs: Callable[[int], Any] | None,
               loss: Callable[[int, torch.Tensor], torch.Tensor] | None) -> float:
@@ -78,8 +80,7 @@ class PipelineStage:
     def _run(self, order: list[Action], sizes: list[int], inputs: Callable[[int], Any] | None,
              loss: Callable[[int, torch.Tensor], torch.Tensor] | None,
              train: bool) -> list[torch.Tensor]:
-        self.trace, self._held, self.peak_held = [], {}, 0
-        self._loss_sum: torch.Tensor | float = 0.0
+        self.trace, self._held, self.peak_held, self._loss_sum = [], {}, 0, 0.0
         outputs: list[torch.Tensor] = []
         send = None
         for action in order:
