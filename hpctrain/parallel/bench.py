@@ -10,10 +10,10 @@ Three bubbles (idle share of the makespan, averaged over stages) come out of eac
 
 - ``bubble``: on the timeline of the executed orders and their real dependencies
   (:func:`~hpctrain.parallel.schedules.timeline`) when each stage's forwards and backwards
-  take that stage's *median measured CPU time* (over the row's measured runs). CPU time
-  does not stretch when ranks share cores, and the median drops the jitter of a noisy
-  machine, so this is the bubble of the schedule with the stages' real costs on dedicated
-  cores with free communication.
+  take that stage's least-disturbed (minimum) measured CPU time over the row's runs. CPU
+  time does not stretch when ranks share cores, and interference from other processes only
+  ever adds to it, so this is the bubble of the schedule with the stages' own costs on
+  dedicated cores with free communication, stable on a busy shared machine.
 - ``jittered``: the same replay with every action's own CPU time, so the run-to-run jitter
   of each action (about 10-20 % on a shared VM) adds its waiting.
 - ``wall``: from wall-clock timestamps (stage busy time over the makespan of the run):
@@ -139,13 +139,13 @@ def _row(schedule: str, p: int, m: int,
         for s, (trace, _) in enumerate(run):
             for t in trace:
                 samples.setdefault((s, t.action.kind), []).append(t.cpu)
-    median = {key: statistics.median(values) for key, values in samples.items()}
+    least = {key: min(values) for key, values in samples.items()}
     modelled, jittered, wall, makespans = [], [], [], []
     for run in runs:
         traces = [trace for trace, _ in run]
         orders = [[t.action for t in trace] for trace in traces]
         own = {(s, t.action): t.cpu for s, trace in enumerate(traces) for t in trace}
-        modelled.append(bubble(timeline(orders, lambda s, a: median[(s, a.kind)])))
+        modelled.append(bubble(timeline(orders, lambda s, a: least[(s, a.kind)])))
         jittered.append(bubble(timeline(orders, lambda s, a, own=own: own[(s, a)])))
         begin = min(trace[0].start for trace in traces)
         end = max(trace[-1].end for trace in traces)
