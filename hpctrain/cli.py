@@ -6,6 +6,7 @@
     mpiexec -n 4 hpctrain compare-sync --models bsp,ssp:4,asp --stragglers transient:0.1:3
     hpctrain preprocess jobs/configs/criteo_sample.toml --out sample.h5
     hpctrain config [JOB.toml] [--doc]
+    mpiexec -n 4 hpctrain bench pipeline --json pipeline.json   # GPipe vs 1F1B bubble
 
 A config error is found identically on every rank before any message is exchanged: rank 0
 prints it as one line and every rank exits with code 2. Once ranks communicate, an error on
@@ -54,8 +55,9 @@ def _parser() -> argparse.ArgumentParser:
                                      "(launch with mpiexec/srun; see README.md).")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def command(name: str, help: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help, description=help)
+    def command(name: str, help: str, parent: argparse._SubParsersAction = sub
+                ) -> argparse.ArgumentParser:
+        p = parent.add_parser(name, help=help, description=help)
         p.add_argument("job", nargs="?", help="TOML job file (default: the embedded job)")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config key, e.g. --set train.batch_size=256")
@@ -77,16 +79,31 @@ def _parser() -> argparse.ArgumentParser:
                          help="results folder (default runs/compare-<date-time>)")
     cfg = command("config", "print the resolved job as TOML")
     cfg.add_argument("--doc", action="store_true", help="print the table of all config keys")
-    bench = sub.add_parser("bench", help="benchmarks, with ratios to a baseline measured in "
-                                         "the same run")
-    bench.set_defaults(job=None, set=[])
-    kinds = bench.add_subparsers(dest="bench", required=True)
-    ps = kinds.add_parser("ps", help="parameter-server pull/push rows/s and bytes per step "
-                                     "against torch EmbeddingBag(sparse=True)")
+    bench = sub.add_parser("bench", help="measure a part of the toolkit on this MPI world "
+                                         "(ratios to a baseline measured in the same run)",
+                           description="measure a part of the toolkit on this MPI world")
+    benches = bench.add_subparsers(dest="bench", required=True)
+    ps = command("ps", "parameter-server pull/push rows/s and bytes per step against torch "
+                       "EmbeddingBag(sparse=True)", benches)
     ps.add_argument("--servers", type=int, default=1, help="server ranks (default 1)")
     from hpctrain.bench import ps as bench_ps
 
     bench_ps.add_arguments(ps)
+    pipe = command("pipeline", "bubble fraction and peak held activations of GPipe and 1F1B "
+                               "against (p-1)/(m+p-1)", benches)
+    pipe.add_argument("--p", type=int, nargs="+", default=[2, 4], metavar="P",
+                      help="pipeline stages (default: 2 4; needs max(P) workers)")
+    pipe.add_argument("--m", type=int, nargs="+", default=[1, 4, 8, 16], metavar="M",
+                      help="micro-batches per batch (default: 1 4 8 16)")
+    pipe.add_argument("--schedules", nargs="+", default=["gpipe", "1f1b"],
+                      choices=["gpipe", "1f1b"], help="schedules (default: both)")
+    pipe.add_argument("--width", type=int, default=1024, help="MLP width (default: 1024)")
+    pipe.add_argument("--layers", type=int, default=8, help="MLP layers (default: 8)")
+    pipe.add_argument("--micro-batch", type=int, default=64,
+                      help="samples per micro-batch (default: 64)")
+    pipe.add_argument("--repeats", type=int, default=3,
+                      help="measured runs per row after a warm-up run; the median is shown")
+    pipe.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     return parser
 
 
@@ -130,17 +147,15 @@ def _preprocess(args: argparse.Namespace, config: JobConfig, topo: Topology | No
     return 0
 
 
-def _bench(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -> int:
+def _bench_ps(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -> int:
+    from hpctrain.bench import ps as bench_ps
     from hpctrain.bench.report import print_rows
 
-    if args.bench == "ps":
-        from hpctrain.bench import ps as bench_ps
-
-        rows = bench_ps.run(args, topo)
-        columns = ["mode", "prefetch", "rows_per_s", "baseline_rows_per_s", "ratio_to_baseline",
-                   "bytes_per_step", "bytes_ratio", "server_memory_ratio"]
+    rows = bench_ps.run(args, topo)
     if rows is not None:
-        print_rows(rows, columns, args.json)
+        print_rows(rows, ["mode", "prefetch", "rows_per_s", "baseline_rows_per_s",
+                          "ratio_to_baseline", "bytes_per_step", "bytes_ratio",
+                          "server_memory_ratio"], args.json)
     return 0
 
 
@@ -163,8 +178,32 @@ def _config(args: argparse.Namespace, config: JobConfig, topo: Topology | None) 
     return 0
 
 
+def _bench(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -> int:
+    return _BENCHES[args.bench](args, config, topo)
+
+
+def _bench_pipeline(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -> int:
+    from hpctrain.parallel.bench import PipelineBench, format_rows, write_json
+
+    bench = PipelineBench(tuple(args.p), tuple(args.m), tuple(args.schedules), args.width,
+                          args.layers, args.micro_batch, args.repeats)
+    try:
+        bench.check(topo.workers)
+    except HpctrainError as exc:  # identical on every rank, before any message
+        if topo.rank == 0:
+            print(f"hpctrain: error: {exc}", file=sys.stderr, flush=True)
+        return USER_ERROR
+    rows = bench.run(topo)
+    if rows is not None:
+        print(format_rows(rows), flush=True)
+        if args.json:
+            write_json(args.json, rows, bench, topo)
+    return 0
+
+
 _COMMANDS = {"train": _train, "info": _info, "preprocess": _preprocess, "config": _config,
              "bench": _bench, "compare-sync": _compare_sync}
+_BENCHES = {"ps": _bench_ps, "pipeline": _bench_pipeline}
 _NEEDS_WORLD = {"train", "info", "bench", "compare-sync"}
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ __all__ = [
     "TrainConfig",
     "PSConfig",
     "SyncConfig",
+    "ParallelConfig",
     "JobConfig",
     "load_config",
     "staleness_bound",
@@ -159,6 +160,26 @@ class SyncConfig:
 
 
 @dataclass(frozen=True)
+class ParallelConfig:
+    tp: int = option(1, "tensor-parallel ranks per MLP (Megatron column/row pairs, one "
+                        "allreduce each way per pair); kept inside a node when it can", min=1)
+    pp: int = option(1, "pipeline stages: stage 0 runs embeddings, bottom MLP, interaction "
+                        "and the first top-MLP layers, the others the rest of the top MLP",
+                     min=1)
+    dp: int = option(0, "data-parallel replicas; 0 takes workers / (tp * pp)", min=0)
+    micro_batches: int = option(4, "micro-batches each replica's batch is split into when "
+                                   "tp or pp > 1", min=1)
+    schedule: str = option("1f1b", "pipeline schedule: all forwards then all backwards, or "
+                                   "one-forward-one-backward", choices=("gpipe", "1f1b"))
+    stage_cuts: tuple[int, ...] = option((), "top-MLP layer index at which each stage after "
+                                             "the first begins (pp - 1 increasing values); "
+                                             "empty balances layer counts", min=0)
+    backend: str = option("auto", "tensor/pipeline traffic over MPI or torch.distributed "
+                                  "(NCCL on CUDA, gloo on CPU); auto takes torch on CUDA",
+                          choices=("auto", "mpi", "torch"))
+
+
+@dataclass(frozen=True)
 class JobConfig:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -166,6 +187,7 @@ class JobConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     ps: PSConfig = field(default_factory=PSConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     source: str = field(default="", compare=False, metadata={"internal": True})
     """Where the job came from (file path or ``embedded default``), for messages."""
 
@@ -186,6 +208,21 @@ class JobConfig:
         if self.sync.deterministic and (self.ps.prefetch or any(b != 0 for b in bounds)):
             raise ConfigError("sync.deterministic needs staleness 0 everywhere (bsp or ssp:0) "
                               "and ps.prefetch = false")
+        if self.parallel.tp * self.parallel.pp > 1 and self.ps.servers:
+            raise ConfigError("parallel.tp/pp > 1 keeps the tables on pipeline stage 0; it does "
+                              "not combine with ps.servers > 0")
+        cuts = self.parallel.stage_cuts
+        if self.parallel.pp > len(m.top_mlp) + 1:
+            raise ConfigError(f"parallel.pp = {self.parallel.pp}: the dense model has at most "
+                              f"{len(m.top_mlp) + 1} stages (the features part and "
+                              f"{len(m.top_mlp)} top-MLP layers)")
+        if cuts and len(cuts) != self.parallel.pp - 1:
+            raise ConfigError(f"parallel.stage_cuts: pp = {self.parallel.pp} stages need "
+                              f"{self.parallel.pp - 1} cuts, got {list(cuts)}")
+        if any(b <= a for a, b in zip(cuts, cuts[1:], strict=False)) or (
+                cuts and cuts[-1] >= len(m.top_mlp)):
+            raise ConfigError(f"parallel.stage_cuts: {list(cuts)} must increase and stay "
+                              f"below the {len(m.top_mlp)} layers of model.top_mlp")
         if self.data.source != "synthetic" and not self.data.paths:
             raise ConfigError(f"data.paths: data.source = {self.data.source!r} needs at least "
                               f"one input file")

@@ -15,6 +15,10 @@ In full parameter-server mode (``ps.mode = "full"``) steps 4-5 change: there is 
 allreduce; the dense parameters are pulled from the servers before the step and their
 gradients, divided by the global batch, travel in the same push as the embedding rows
 (:mod:`hpctrain.train.dense_ps`), so workers advance as the sync model lets them.
+
+With ``parallel.tp`` or ``parallel.pp`` above 1, steps 2-5 run tensor/pipeline parallel in
+:class:`~hpctrain.train.model_parallel.ModelParallelDLRM`, data parallel over the grid's
+``dp`` axis, with the same exact-mean semantics (tables replicated on stage 0).
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from hpctrain.sync.stragglers import Stragglers
 from hpctrain.sync.types import SyncModel
 from hpctrain.train import metrics
 from hpctrain.train.dense_ps import DenseOnServers, with_dense_table
+from hpctrain.train.model_parallel import ModelParallelDLRM, wants_model_parallel
 from hpctrain.train.optim import DenseOptimizer
 from hpctrain.train.rundir import RunDir, default_run_dir
 from ps.client import PSClient
@@ -174,22 +179,6 @@ class Trainer:
         self.layout = layout or TableLayout.from_sizes(self.dataset.table_sizes,
                                                        config.model.embedding_dim)
         tc = config.train
-        torch.manual_seed(tc.seed)
-        self.model = DLRM(config.model, len(self.layout.specs)).to(topo.device)
-        self.dp = DataParallel(self.model, self.comm)
-        self.optimizer = DenseOptimizer(self.model.parameters(), tc.optimizer)
-        self.dense_ps = None
-        if job:
-            self.store = job.client(models)
-            if config.ps.mode == "full":
-                self.dense_ps = DenseOnServers(self.dp.params, self.dp.flat, self.store,
-                                               job.layout)
-                self.dense_ps.place_initial(self.comm)
-        else:
-            tables = LocalTables(self.layout, SparseOptimizer(tc.optimizer), tc.seed)
-            self.store = ReplicatedTables(tables, self.comm)
-        self.embeddings = EmbeddingCollection(self.layout, self.store, topo.device)
-        self.prefetch = job is not None and config.ps.prefetch
         epoch = batches_per_epoch(self.dataset.num_samples("train"), tc.batch_size)
         self.steps = tc.steps or max(1, epoch // tc.accumulate)
         self.run = (RunDir(tc.run_dir or default_run_dir(), config)
@@ -202,6 +191,27 @@ class Trainer:
                                      sc.straggle_probability, sc.straggle_factor,
                                      sc.straggler_seed)
         self.step_s: list[float] = []
+        self.store, self.dense_ps, self.prefetch = None, None, False
+        # tp/pp > 1: the dense model, its optimizer and the tables live in the parallel engine.
+        self.hybrid = ModelParallelDLRM(config, topo, self.dataset, self.layout) if (
+            wants_model_parallel(config.parallel)) else None
+        if self.hybrid is not None:
+            return
+        torch.manual_seed(tc.seed)
+        self.model = DLRM(config.model, len(self.layout.specs)).to(topo.device)
+        self.dp = DataParallel(self.model, self.comm)
+        self.optimizer = DenseOptimizer(self.model.parameters(), tc.optimizer)
+        if job:
+            self.store = job.client(models)
+            if config.ps.mode == "full":
+                self.dense_ps = DenseOnServers(self.dp.params, self.dp.flat, self.store,
+                                               job.layout)
+                self.dense_ps.place_initial(self.comm)
+        else:
+            tables = LocalTables(self.layout, SparseOptimizer(tc.optimizer), tc.seed)
+            self.store = ReplicatedTables(tables, self.comm)
+        self.embeddings = EmbeddingCollection(self.layout, self.store, topo.device)
+        self.prefetch = job is not None and config.ps.prefetch
 
     # -- one step --------------------------------------------------------------------------
 
@@ -223,6 +233,8 @@ class Trainer:
 
         ``ahead`` holds the next micro-batch, read one early so its rows can be prefetched.
         """
+        if self.hybrid is not None:
+            return self._model_parallel_step(step)
         tc = self.config.train
         lookups: list[Lookup] = []
         count, loss_sum = 0, 0.0
@@ -280,6 +292,15 @@ class Trainer:
         self.step_s.append(t3 - started)
         return int(total), total_loss * scale
 
+    def _model_parallel_step(self, step: int) -> tuple[int, float]:
+        started = time.perf_counter()
+        samples, loss, data_s = self.hybrid.step(step, self.learning_rate(step))
+        elapsed = time.perf_counter() - started
+        self.phase_s["data"] += data_s
+        self.phase_s["compute"] += elapsed - data_s
+        self.step_s.append(elapsed - data_s)
+        return samples, loss
+
     def _read(self, split: str, index: int, global_batch: int) -> Batch:
         start, stop = local_slice(index, self.dataset.num_samples(split), global_batch,
                                   self.comm.Get_rank(), self.comm.Get_size())
@@ -296,6 +317,20 @@ class Trainer:
         ``Gatherv`` over the workers brings scores and labels to worker 0 (others get {})."""
         if self.dense_ps:
             self.dense_ps.pull()
+        probs, labels = self.hybrid.scores() if self.hybrid is not None else self._scores()
+        all_probs = gatherv(probs, self.comm)
+        all_labels = gatherv(labels, self.comm)
+        if all_probs is None:
+            return {}
+        return {"log_loss": metrics.log_loss(all_probs, all_labels),
+                "auc": metrics.auc(all_probs, all_labels),
+                "accuracy": metrics.accuracy(all_probs, all_labels),
+                "base_rate_log_loss": metrics.base_rate_log_loss(all_labels),
+                "samples": int(len(all_labels))}
+
+    @torch.no_grad()
+    def _scores(self) -> tuple[np.ndarray, np.ndarray]:
+        """Probabilities and labels of this worker's contiguous part of the eval split."""
         self.model.eval()
         n = self.dataset.num_samples("eval")
         lo, hi = shard_range(n, self.comm.Get_size(), self.comm.Get_rank())
@@ -310,15 +345,7 @@ class Trainer:
             probs.append(torch.sigmoid(logits).cpu().numpy())
             labels.append(batch.labels)
         self.model.train()
-        all_probs = gatherv(np.concatenate(probs), self.comm)
-        all_labels = gatherv(np.concatenate(labels), self.comm)
-        if all_probs is None:
-            return {}
-        return {"log_loss": metrics.log_loss(all_probs, all_labels),
-                "auc": metrics.auc(all_probs, all_labels),
-                "accuracy": metrics.accuracy(all_probs, all_labels),
-                "base_rate_log_loss": metrics.base_rate_log_loss(all_labels),
-                "samples": int(len(all_labels))}
+        return np.concatenate(probs), np.concatenate(labels)
 
     # -- the loop --------------------------------------------------------------------------
 
