@@ -16,11 +16,12 @@ any rank ends the whole job (see :mod:`hpctrain.runtime.abort`).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 
 from hpctrain.config import JobConfig, doc_table, dump_toml, load_config
-from hpctrain.errors import HpctrainError
+from hpctrain.errors import ConfigError, HpctrainError
 from hpctrain.runtime.abort import USER_ERROR, run_guarded, world_rank
 from hpctrain.runtime.log import setup_logging
 from hpctrain.runtime.world import Topology, build_topology
@@ -32,7 +33,11 @@ __all__ = ["main"]
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        config = load_config(args.job, [*args.set, *_command_overrides(args)])
+        job, overrides = args.job, [*args.set, *_command_overrides(args)]
+        if getattr(args, "resume", None):
+            job = job or _resumed_job(args.resume)
+            overrides.append(f"train.run_dir={args.resume!r}")
+        config = load_config(job, overrides)
         if args.command == "compare-sync":
             parse_models(args.models)
             if not config.ps.servers:  # sync models govern parameter-server tables
@@ -63,7 +68,10 @@ def _parser() -> argparse.ArgumentParser:
                        help="override a config key, e.g. --set train.batch_size=256")
         return p
 
-    command("train", "train the job's DLRM on this MPI world")
+    train = command("train", "train the job's DLRM on this MPI world")
+    train.add_argument("--resume", metavar="RUN_DIR",
+                       help="continue the run in RUN_DIR from its newest complete checkpoint "
+                            "(with no JOB, the run's own config.toml)")
     command("info", "print the MPI world, roles, threads, torch/CUDA/NCCL and allocation")
     pre = command("preprocess", "convert the job's Criteo text files into one HDF5 file")
     pre.add_argument("--out", required=True, help="output .h5 path (written atomically)")
@@ -107,6 +115,13 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _resumed_job(run_dir: str) -> str:
+    config = os.path.join(run_dir, "config.toml")
+    if not os.path.exists(config):
+        raise ConfigError(f"--resume {run_dir}: no config.toml there (not a run directory?)")
+    return config
+
+
 def _command_overrides(args: argparse.Namespace) -> list[str]:
     """Config keys a command's own flags set (they win over --set)."""
     if args.command == "bench" and args.bench == "ps":
@@ -122,7 +137,7 @@ def _train(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -
     from hpctrain.train.report import print_summary
     from hpctrain.train.trainer import run_training
 
-    summary = run_training(config, topo)
+    summary = run_training(config, topo, resume=bool(args.resume))
     if topo.rank == 0:
         print_summary(summary, topo.workers)
     return 0

@@ -33,6 +33,7 @@ __all__ = [
     "TrainConfig",
     "PSConfig",
     "SyncConfig",
+    "CheckpointConfig",
     "ParallelConfig",
     "JobConfig",
     "load_config",
@@ -160,6 +161,18 @@ class SyncConfig:
 
 
 @dataclass(frozen=True)
+class CheckpointConfig:
+    every_steps: int = option(0, "checkpoint every N optimizer steps (0: off)", min=0)
+    every_minutes: float = option(0.0, "checkpoint every T minutes of training (0: off)",
+                                  min=0.0)
+    mtbf_hours: float = option(0.0, "the allocation's mean time between failures; when set, "
+                                    "checkpoint at the Young-Daly interval sqrt(2 x measured "
+                                    "write time x MTBF) (0: off)", min=0.0)
+    at_end: bool = option(False, "also checkpoint when training ends")
+    keep: int = option(2, "complete checkpoints kept (older ones are deleted)", min=1)
+
+
+@dataclass(frozen=True)
 class ParallelConfig:
     tp: int = option(1, "tensor-parallel ranks per MLP (Megatron column/row pairs, one "
                         "allreduce each way per pair); kept inside a node when it can", min=1)
@@ -187,6 +200,7 @@ class JobConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     ps: PSConfig = field(default_factory=PSConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     source: str = field(default="", compare=False, metadata={"internal": True})
     """Where the job came from (file path or ``embedded default``), for messages."""
@@ -208,6 +222,11 @@ class JobConfig:
         if self.sync.deterministic and (self.ps.prefetch or any(b != 0 for b in bounds)):
             raise ConfigError("sync.deterministic needs staleness 0 everywhere (bsp or ssp:0) "
                               "and ps.prefetch = false")
+        c = self.checkpoint
+        if self.parallel.tp * self.parallel.pp > 1 and (
+                c.every_steps or c.every_minutes or c.mtbf_hours or c.at_end):
+            raise ConfigError("checkpoint.*: checkpoints of tensor/pipeline-parallel runs "
+                              "(parallel.tp or pp > 1) are not supported")
         if self.parallel.tp * self.parallel.pp > 1 and self.ps.servers:
             raise ConfigError("parallel.tp/pp > 1 keeps the tables on pipeline stage 0; it does "
                               "not combine with ps.servers > 0")

@@ -120,6 +120,14 @@ class PSClient(EmbeddingStore):
         self.stats.pushes += 1
         self.clock += 1
 
+    def save(self) -> None:
+        """Ask every server to checkpoint its shard at this worker's clock (after its pushes:
+        MPI keeps one sender's messages in order)."""
+        self._reap()
+        for index in range(len(self.servers)):
+            self._send(index, encode_request(Op.SAVE, self.clock, self._next_seq(), 0, _NO_IDS,
+                                             _NO_IDS, _NO_IDS))
+
     # -- lifecycle ---------------------------------------------------------------------------
 
     def close(self) -> None:

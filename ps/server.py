@@ -22,7 +22,11 @@ message layouts in :mod:`ps.types`):
    and applied as one update (the replicated trainer's semantics, bitwise reproducible).
 4. ``WRITE`` overwrites rows (their optimizer state reset) and is answered with an empty
    reply once applied; workers use it to place initial dense parameters.
-5. ``DONE``: the worker will send nothing more; its clock stops holding others back. The loop
+5. ``SAVE`` (checkpoint): each worker sends one to every server after its last push of the
+   step. Once every running worker's has arrived (so every push before it has been applied),
+   the server hands its shard to the save hook, which writes it and joins the checkpoint's
+   commit, a collective with the workers; no request is pending meanwhile.
+6. ``DONE``: the worker will send nothing more; its clock stops holding others back. The loop
    ends once every worker has sent ``DONE`` and every reply has been delivered.
 
 Receives are non-blocking probes on ``ANY_SOURCE`` with a backoff
@@ -34,7 +38,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -86,14 +90,19 @@ class Server:
     """Serves ``store``'s rows to the ``workers`` (ranks of ``comm``) under ``sync``."""
 
     def __init__(self, comm: MPI.Intracomm, store: ShardStore, workers: Sequence[int],
-                 models: Sequence[SyncModel], deterministic: bool = False) -> None:
-        """``models[t]`` governs table ``t``."""
+                 models: Sequence[SyncModel], deterministic: bool = False,
+                 clock: int = 0, on_save: Callable[[ShardStore, int], None] | None = None
+                 ) -> None:
+        """``models[t]`` governs table ``t``; every worker starts at ``clock`` (a resumed
+        run's step); ``on_save(store, step)`` writes a checkpoint of the shard."""
         self.comm = comm
         self.store = store
         self.dim = store.layout.dim
         self.models = list(models)
         self.deterministic = deterministic
-        self.clock = {w: 0 for w in workers}
+        self.clock = dict.fromkeys(workers, clock)
+        self.on_save = on_save
+        self.saves: dict[int, set[int]] = {}
         self.active = set(workers)
         self.parked: list[_Parked] = []
         self.held: dict[int, dict[int, Request]] = {}  # step -> worker -> push (deterministic)
@@ -149,6 +158,15 @@ class Server:
             self._retry_parked()
         elif request.op == Op.WRITE:
             self._write(source, request)
+        elif request.op == Op.SAVE:
+            asked = self.saves.setdefault(request.step, set())
+            asked.add(source)
+            if self.active <= asked:
+                del self.saves[request.step]
+                if self.on_save is None:
+                    raise PSError(f"server rank {self.comm.Get_rank()}: asked to save a "
+                                  f"checkpoint, but no checkpoint directory is configured")
+                self.on_save(self.store, request.step)
         elif request.op == Op.DONE:
             self.active.discard(source)
             if self.deterministic:

@@ -9,7 +9,7 @@ server ranks :meth:`~PSJob.serve` and worker ranks talk to them through :meth:`~
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from mpi4py import MPI
@@ -60,12 +60,19 @@ class PSJob:
                         groups)
 
     def serve(self, optimizer: SparseOptimizer, seed: int, models: Sequence[SyncModel],
-              deterministic: bool = False) -> ServerStats:
-        """Hold this server's shard and serve the workers until they are all done."""
+              deterministic: bool = False,
+              restore: Callable[[ShardStore], int] | None = None,
+              on_save: Callable[[ShardStore, int], None] | None = None) -> ServerStats:
+        """Hold this server's shard and serve the workers until they are all done.
+
+        ``restore(store)`` fills the shard from a checkpoint and returns its step, where
+        every worker's clock then starts; ``on_save`` writes checkpoints (see ps.server)."""
         index = self.comm.Get_rank() - self.roles.workers
         before = current_rss_bytes()
         store = ShardStore(self.layout, self.placement, index, optimizer, seed)
-        server = Server(self.comm, store, self.roles.worker_ranks(), models, deterministic)
+        clock = restore(store) if restore else 0
+        server = Server(self.comm, store, self.roles.worker_ranks(), models, deterministic,
+                        clock, on_save)
         server.stats.rss_growth_bytes = current_rss_bytes() - before
         log.info("server %d holds %d rows (%.1f MB)", index, self.placement.server_rows(index),
                  store.resident_bytes() / 2**20)

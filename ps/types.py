@@ -39,6 +39,7 @@ class Op(IntEnum):
     PUSH = 2  # apply summed gradients of unique rows; advances the sender's clock
     DONE = 3  # the sender will send nothing more
     WRITE = 4  # overwrite rows (optimizer state reset); answered with an empty reply
+    SAVE = 5  # checkpoint at the sender's clock, once every running worker has asked
 
 
 def reply_tag(seq: int) -> int:

@@ -3,8 +3,9 @@
 - persistent: the listed workers always take ``factor`` times as long per step;
 - transient: each (worker, step) is delayed by ``factor`` with probability ``probability``.
 
-A delayed step sleeps ``(factor - 1)`` times the compute time it just measured, so the
-worker looks slower without stealing a core from the others (as a slow node would).
+A delayed step sleeps ``(factor - 1)`` times the forward/backward time it just measured
+(never the time spent waiting for others, which would compound), so the worker looks slower
+without stealing a core from the others (as a slow node would).
 """
 
 from __future__ import annotations

@@ -23,11 +23,13 @@ With ``parallel.tp`` or ``parallel.pp`` above 1, steps 2-5 run tensor/pipeline p
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -50,7 +52,8 @@ from hpctrain.runtime.world import Topology
 from hpctrain.sync.models import table_models
 from hpctrain.sync.stragglers import Stragglers
 from hpctrain.sync.types import SyncModel
-from hpctrain.train import metrics
+from hpctrain.train import checkpoint as ckpt
+from hpctrain.train import checkpointing, metrics
 from hpctrain.train.dense_ps import DenseOnServers, with_dense_table
 from hpctrain.train.model_parallel import ModelParallelDLRM, wants_model_parallel
 from hpctrain.train.optim import DenseOptimizer
@@ -62,7 +65,7 @@ __all__ = ["Trainer", "Summary", "run_training"]
 
 log = logging.getLogger(__name__)
 
-PHASES = ("data", "lookup", "compute", "dense_sync", "optimizer", "push")
+PHASES = ("data", "lookup", "compute", "dense_sync", "optimizer", "push", "checkpoint")
 
 
 @dataclass
@@ -127,11 +130,16 @@ class Summary:
 
 
 def run_training(config: JobConfig, topo: Topology,
-                 on_trained: Callable[[Trainer], None] | None = None) -> Summary:
+                 on_trained: Callable[[Trainer], None] | None = None,
+                 resume: bool = False) -> Summary:
     """Train on every rank of ``topo``: workers run the :class:`Trainer`, parameter-server
     ranks serve their shards. Collective over the world; world rank 0 gets the full summary
     (the server counters included). ``on_trained`` runs on every worker after training,
-    while the servers still serve (to read back or save the final state)."""
+    while the servers still serve (to read back or save the final state). With ``resume``,
+    training continues from the newest complete checkpoint in ``train.run_dir``."""
+    run_dir = topo.world.bcast(config.train.run_dir or default_run_dir(), root=0)
+    config = dataclasses.replace(config, train=dataclasses.replace(config.train,
+                                                                   run_dir=run_dir))
     dataset = open_dataset(config.data) if topo.is_worker else None
     sizes = topo.world.bcast(dataset.table_sizes if topo.rank == 0 else None, root=0)
     layout = TableLayout.from_sizes(sizes, config.model.embedding_dim)
@@ -144,17 +152,24 @@ def run_training(config: JobConfig, topo: Topology,
         models = table_models(config.sync.model, config.sync.table_models,
                               [s.name for s in served.specs])
         job = PSJob.create(topo.world, topo.roles, served, config.ps, config.train.seed)
+    manifest = None
+    if resume:  # world rank 0 checks; an error there ends the job while the others wait
+        manifest = topo.world.bcast(_resumable(config, job.layout if job else layout)
+                                    if topo.rank == 0 else None, root=0)
     summary, server_stats = Summary(), None
     if topo.is_worker:
-        trainer = Trainer(config, topo, dataset, layout, job, models)
+        trainer = Trainer(config, topo, dataset, layout, job, models, manifest)
         summary = trainer.fit()
         if on_trained:
             on_trained(trainer)
         trainer.close()
     else:
         optimizer = SparseOptimizer(config.train.optimizer)
+        restore, on_save = checkpointing.server_hooks(
+            topo.world, run_dir, config.checkpoint.keep, job.layout, job.placement,
+            topo.rank - topo.workers, manifest)
         server_stats = job.serve(optimizer, config.train.seed, models,
-                                 config.sync.deterministic).as_dict()
+                                 config.sync.deterministic, restore, on_save).as_dict()
     gathered = topo.world.gather(server_stats, root=0)
     if job:
         job.comm.Free()
@@ -164,14 +179,23 @@ def run_training(config: JobConfig, topo: Topology,
     return summary
 
 
+def _resumable(config: JobConfig, layout: TableLayout) -> ckpt.Manifest:
+    manifest = ckpt.latest(config.train.run_dir)
+    checkpointing.check_compatible(manifest, config, layout)
+    log.info("resuming from %s (step %d)", manifest.path, manifest.step)
+    return manifest
+
+
 class Trainer:
     """Trains the DLRM on this worker; collective over the workers (``topo.role_comm``)."""
 
     def __init__(self, config: JobConfig, topo: Topology, dataset: Dataset | None = None,
                  layout: TableLayout | None = None, job: PSJob | None = None,
-                 models: list[SyncModel] | None = None) -> None:
+                 models: list[SyncModel] | None = None,
+                 manifest: ckpt.Manifest | None = None) -> None:
         """Tables live on ``job``'s servers (``models[t]`` governing table ``t``) when given,
-        else replicated on every worker. ``layout`` holds the embedding tables only."""
+        else replicated on every worker. ``layout`` holds the embedding tables only.
+        ``manifest`` is the checkpoint to resume from."""
         self.config = config
         self.topo = topo
         self.comm = topo.role_comm
@@ -192,6 +216,8 @@ class Trainer:
                                      sc.straggler_seed)
         self.step_s: list[float] = []
         self.store, self.dense_ps, self.prefetch = None, None, False
+        self.cadence = checkpointing.Cadence(config.checkpoint, self.comm)
+        self.start_step = 0
         # tp/pp > 1: the dense model, its optimizer and the tables live in the parallel engine.
         self.hybrid = ModelParallelDLRM(config, topo, self.dataset, self.layout) if (
             wants_model_parallel(config.parallel)) else None
@@ -201,17 +227,60 @@ class Trainer:
         self.model = DLRM(config.model, len(self.layout.specs)).to(topo.device)
         self.dp = DataParallel(self.model, self.comm)
         self.optimizer = DenseOptimizer(self.model.parameters(), tc.optimizer)
+        self.job = job
         if job:
             self.store = job.client(models)
             if config.ps.mode == "full":
                 self.dense_ps = DenseOnServers(self.dp.params, self.dp.flat, self.store,
                                                job.layout)
-                self.dense_ps.place_initial(self.comm)
+                if manifest is None:
+                    self.dense_ps.place_initial(self.comm)
         else:
             tables = LocalTables(self.layout, SparseOptimizer(tc.optimizer), tc.seed)
             self.store = ReplicatedTables(tables, self.comm)
         self.embeddings = EmbeddingCollection(self.layout, self.store, topo.device)
         self.prefetch = job is not None and config.ps.prefetch
+        if manifest is not None:
+            self._restore(manifest)
+
+    # -- checkpoints -----------------------------------------------------------------------
+
+    def _restore(self, manifest: ckpt.Manifest) -> None:
+        """Dense state, rows held here, clock and data position from ``manifest``."""
+        checkpointing.read_dense(Path(manifest.path), self.dp.params, self.optimizer.state)
+        if isinstance(self.store, ReplicatedTables):
+            checkpointing.restore_rows(manifest, self.store.tables,
+                                       checkpointing.replicated_select)
+        else:
+            self.store.clock = manifest.step
+        self.start_step = manifest.step
+
+    def save_checkpoint(self, step: int) -> None:
+        """Checkpoint after ``step`` completed steps; collective over the world (the servers
+        join through their ``SAVE`` hook)."""
+        started = time.perf_counter()
+        folder = ckpt.step_dir(self.config.train.run_dir, step)
+        files = []
+        if isinstance(self.store, PSClient):
+            self.store.save()
+        if self.comm.Get_rank() == 0:
+            files.append(checkpointing.write_dense(folder, self.dp.params, self.optimizer.state))
+            if isinstance(self.store, ReplicatedTables):
+                tables = self.store.tables
+                files.append(ckpt.write_rows(folder / "tables.h5",
+                                             np.arange(len(tables.weight), dtype=np.int64),
+                                             tables.weight, tables.state))
+        manifest = None
+        if self.topo.rank == 0:
+            layout = self.job.layout if self.job else self.layout
+            manifest = checkpointing.new_manifest(
+                self.config, layout, step, self.topo.workers, self.topo.roles.servers,
+                self.job.plan.to_json() if self.job else "")
+        checkpointing.commit(self.topo.world, folder, files, manifest,
+                             self.config.checkpoint.keep)
+        seconds = time.perf_counter() - started
+        self.phase_s["checkpoint"] += seconds
+        self.cadence.saved(seconds)
 
     # -- one step --------------------------------------------------------------------------
 
@@ -220,8 +289,9 @@ class Trainer:
         return tc.lr * min(1.0, (step + 1) / tc.warmup_steps) if tc.warmup_steps else tc.lr
 
     def micro_batches(self) -> Iterator[tuple[int, Batch]]:
-        """(micro-batch index, this worker's slice) for every micro-batch of the run."""
-        for index in range(self.steps * self.config.train.accumulate):
+        """(micro-batch index, this worker's slice) for every micro-batch left to run."""
+        accumulate = self.config.train.accumulate
+        for index in range(self.start_step * accumulate, self.steps * accumulate):
             start = time.perf_counter()
             batch = self._read("train", index, self.config.train.batch_size)
             self.phase_s["data"] += time.perf_counter() - start
@@ -237,7 +307,7 @@ class Trainer:
             return self._model_parallel_step(step)
         tc = self.config.train
         lookups: list[Lookup] = []
-        count, loss_sum = 0, 0.0
+        count, loss_sum, compute_s = 0, 0.0, 0.0
         started = time.perf_counter()
         if self.dense_ps:
             self.dense_ps.pull()
@@ -258,12 +328,13 @@ class Trainer:
             loss = F.binary_cross_entropy_with_logits(logits, self._tensor(batch.labels),
                                                       reduction="sum")
             loss.backward()
+            compute_s += time.perf_counter() - t1
             self.phase_s["lookup"] += t1 - t0
-            self.phase_s["compute"] += time.perf_counter() - t1
             lookups.append(lookup)
             count += len(batch)
             loss_sum += loss.item()
-        self.stragglers.delay(step, time.perf_counter() - started)
+        self.phase_s["compute"] += compute_s
+        self.stragglers.delay(step, compute_s)
         lr = self.learning_rate(step)
         if self.dense_ps:
             total, scale = tc.batch_size * tc.accumulate, 1.0 / (tc.batch_size * tc.accumulate)
@@ -358,7 +429,7 @@ class Trainer:
         batches, ahead = self.micro_batches(), []
         window_loss, window_n = 0.0, 0
         start = time.perf_counter()
-        for step in range(self.steps):
+        for step in range(self.start_step, self.steps):
             samples, loss = self.step(step, batches, ahead)
             summary.samples += samples
             window_loss, window_n = window_loss + loss, window_n + 1
@@ -374,6 +445,8 @@ class Trainer:
                 window_loss, window_n = 0.0, 0
             if tc.eval_every and done % tc.eval_every == 0 and done != self.steps:
                 self._log_eval(done)
+            if self.cadence.due(done, final=done == self.steps):
+                self.save_checkpoint(done)
         bar.close()
         summary.steps = self.steps
         summary.wall_s = time.perf_counter() - start
