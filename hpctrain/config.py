@@ -68,6 +68,10 @@ class RuntimeConfig:
                                  "when available", choices=("auto", "cpu", "cuda"))
     log_level: str = option("info", "log level of rank 0 (other ranks log warnings and up)",
                             choices=("debug", "info", "warning", "error"))
+    watchdog_warn_s: float = option(60.0, "a wait (collective, pull, push) this long logs "
+                                          "which ranks have not arrived (0: off)", min=0.0)
+    watchdog_abort_s: float = option(300.0, "a wait this long aborts the job with that "
+                                            "message (0: off)", min=0.0)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from embeddings.sharding import Placement
 from embeddings.tables import TableLayout
 from embeddings.types import EmbeddingStore
 from hpctrain.errors import EmbeddingError
-from hpctrain.runtime.waits import wait_all
+from hpctrain.runtime.waits import Wait, wait_all
 from ps.types import TAG_REQUEST, Op, decode_reply, encode_request, reply_capacity, reply_tag
 
 __all__ = ["PSClient", "ClientStats"]
@@ -59,6 +59,7 @@ class _Pending:
     rows: np.ndarray
     parts: list[tuple[np.ndarray, np.ndarray, MPI.Request]]  # reply, positions, receive
     sends: list[tuple[MPI.Request, np.ndarray]]
+    servers: tuple[int, ...] = ()  # ranks asked
 
 
 class PSClient(EmbeddingStore):
@@ -105,7 +106,7 @@ class PSClient(EmbeddingStore):
             buf = encode_request(Op.WRITE, self.clock, seq, 0, tables, counts, ids,
                                  np.ascontiguousarray(values[positions]))
             keep.append((self.comm.Isend(buf, dest=self.servers[index], tag=TAG_REQUEST), buf))
-        wait_all(receives + [r for r, _ in keep])
+        wait_all(receives + [r for r, _ in keep], Wait("write", self.comm, self._peers(rows)))
 
     def push(self, rows: np.ndarray, grads: np.ndarray, lr: float) -> None:
         rows, grads = coalesce(rows, grads)
@@ -137,7 +138,7 @@ class PSClient(EmbeddingStore):
         for index in range(len(self.servers)):
             self._send(index, encode_request(Op.DONE, self.clock, self._next_seq(), 0, _NO_IDS,
                                              _NO_IDS, _NO_IDS))
-        wait_all([r for r, _ in self._sends])
+        wait_all([r for r, _ in self._sends], Wait("push", self.comm, tuple(self.servers)))
         self._sends = []
 
     # -- internals ---------------------------------------------------------------------------
@@ -176,13 +177,15 @@ class PSClient(EmbeddingStore):
             pending.sends.append((self.comm.Isend(buf, dest=self.servers[index],
                                                   tag=TAG_REQUEST), buf))
             pending.parts.append((reply, positions, recv))
+            pending.servers += (self.servers[index],)
             self.stats.pull_bytes_sent += buf.nbytes
         self.stats.pulls += 1
         return pending
 
     def _complete(self, pending: _Pending) -> np.ndarray:
         start = time.perf_counter()
-        wait_all([recv for *_, recv in pending.parts] + [r for r, _ in pending.sends])
+        wait_all([recv for *_, recv in pending.parts] + [r for r, _ in pending.sends],
+                 Wait("pull", self.comm, pending.servers))
         self.stats.pull_wait_s += time.perf_counter() - start
         out = np.empty((len(pending.rows), self.dim), dtype=np.float32)
         for reply, positions, _ in pending.parts:
@@ -197,6 +200,9 @@ class PSClient(EmbeddingStore):
     def _send(self, index: int, buf: np.ndarray) -> None:
         request = self.comm.Isend(buf, dest=self.servers[index], tag=TAG_REQUEST)
         self._sends.append((request, buf))
+
+    def _peers(self, rows: np.ndarray) -> tuple[int, ...]:
+        return tuple(self.servers[i] for i, *_ in self._split(rows, by_model=False))
 
     def _reap(self) -> None:
         self._sends = [(r, b) for r, b in self._sends if not r.Test()]

@@ -49,7 +49,9 @@ class PSJob:
             text = plan.to_json()
             log.info("sharding plan: %s", plan.describe())
         plan = ShardingPlan.from_json(world.bcast(text, root=0))
-        return cls(world.Dup(), roles, layout, plan, Placement(plan))
+        comm = world.Dup()
+        comm.Set_name("hpctrain.ps")
+        return cls(comm, roles, layout, plan, Placement(plan))
 
     def client(self, models: Sequence[SyncModel] | None = None) -> PSClient:
         """A worker's client; ``models[t]`` is table ``t``'s sync model, so that one pull

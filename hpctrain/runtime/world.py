@@ -21,6 +21,7 @@ from mpi4py import MPI
 
 from hpctrain.config import JobConfig
 from hpctrain.errors import ConfigError
+from hpctrain.runtime import watchdog
 from hpctrain.runtime.topology import (
     Grid,
     Roles,
@@ -154,9 +155,15 @@ def build_topology(config: JobConfig, base: MPI.Intracomm | None = None) -> Topo
     par = config.parallel
     shape = make_grid(roles.workers, par.tp, par.pp, par.dp)
     world = base.Dup()
+    world.Set_name("hpctrain.world")
     rank = world.Get_rank()
     node = world.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+    node.Set_name("hpctrain.node")
     role_comm = world.Split(1 if roles.is_server(rank) else 0, key=rank)
+    role_comm.Set_name("hpctrain.servers" if roles.is_server(rank) else "hpctrain.workers")
+    rc = config.runtime
+    if base == MPI.COMM_WORLD and (rc.watchdog_warn_s or rc.watchdog_abort_s):
+        watchdog.install(watchdog.Board(world, rc.watchdog_warn_s, rc.watchdog_abort_s))
     threads = threads_per_rank(available_cores(), node.Get_size(), config.runtime.threads)
     torch.set_num_threads(threads)
     device = _select_device(config.runtime.device, node.Get_rank())

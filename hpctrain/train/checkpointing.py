@@ -30,6 +30,7 @@ from embeddings.sharding import Placement
 from embeddings.tables import LocalTables, TableLayout
 from hpctrain.config import CheckpointConfig, JobConfig, dump_toml
 from hpctrain.errors import CheckpointError
+from hpctrain.runtime.waits import Wait, wait_all
 from hpctrain.train import checkpoint as ckpt
 
 __all__ = ["Cadence", "shape_of", "check_compatible", "commit", "write_dense", "read_dense",
@@ -108,6 +109,7 @@ def commit(world: MPI.Intracomm, folder: Path, files: list[ckpt.FileEntry],
            manifest: ckpt.Manifest | None, keep: int) -> None:
     """Gather every rank's written files to world rank 0 (``gather`` over ``world``), which
     writes the manifest (the commit point) and prunes; ``manifest`` is rank 0's."""
+    wait_all([world.Ibarrier()], Wait("save", world))  # the watchdog names a missing rank
     everything = world.gather([asdict(f) for f in files], root=0)
     if world.Get_rank() != 0:
         return
