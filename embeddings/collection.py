@@ -72,10 +72,13 @@ class EmbeddingCollection:
         self._last = (ids, unique.numpy(), inverse, counts.numpy())
         return self._last[1:]
 
-    def push(self, lookups: list[Lookup], scale: float, lr: float) -> None:
-        """Push the gradients of ``lookups`` (one per micro-batch), multiplied by ``scale``."""
+    def gradients(self, lookups: list[Lookup], scale: float) -> tuple[np.ndarray, np.ndarray]:
+        """Rows and gradients of ``lookups`` (one per micro-batch) times ``scale``, ready for
+        :meth:`EmbeddingStore.push` (rows of different lookups may repeat)."""
+        if not lookups:
+            return np.empty(0, np.int64), np.empty((0, self.layout.dim), np.float32)
         rows = np.concatenate([lk.rows for lk in lookups])
         grads = np.concatenate([lk.grads() for lk in lookups])
         if scale != 1.0:
             grads *= np.float32(scale)
-        self.store.push(rows, grads, lr)
+        return rows, grads

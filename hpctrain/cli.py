@@ -4,8 +4,10 @@
     mpiexec -n 2 hpctrain train jobs/configs/criteo_sample.toml --set train.lr=0.05
     mpiexec -n 2 hpctrain info
     mpiexec -n 4 hpctrain bench tiering --json tiering.json   # 1 server + 3 workers
+    mpiexec -n 4 hpctrain compare-sync --models bsp,ssp:4,asp --stragglers transient:0.1:3
     hpctrain preprocess jobs/configs/criteo_sample.toml --out sample.h5
     hpctrain config [JOB.toml] [--doc]
+    mpiexec -n 4 hpctrain bench pipeline --json pipeline.json   # GPipe vs 1F1B bubble
 
 A config error is found identically on every rank before any message is exchanged: rank 0
 prints it as one line and every rank exits with code 2. Once ranks communicate, an error on
@@ -15,14 +17,16 @@ any rank ends the whole job (see :mod:`hpctrain.runtime.abort`).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 
 from hpctrain.config import JobConfig, doc_table, dump_toml, load_config
-from hpctrain.errors import HpctrainError
+from hpctrain.errors import ConfigError, HpctrainError
 from hpctrain.runtime.abort import USER_ERROR, run_guarded, world_rank
 from hpctrain.runtime.log import setup_logging
 from hpctrain.runtime.world import Topology, build_topology
+from hpctrain.sync.models import parse_models
 
 __all__ = ["main"]
 
@@ -30,7 +34,16 @@ __all__ = ["main"]
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        config = load_config(args.job, [*args.set, *_bench_overrides(args)])
+        job, overrides = args.job, [*args.set, *_command_overrides(args)]
+        if getattr(args, "resume", None):
+            job = job or _resumed_job(args.resume)
+            overrides.append(f"train.run_dir={args.resume!r}")
+        config = load_config(job, overrides)
+        if args.command == "compare-sync":
+            parse_models(args.models)
+            if not config.ps.servers:  # sync models govern parameter-server tables
+                config = load_config(args.job, ["ps.servers=1", "ps.mode='full'", *args.set,
+                                                *_command_overrides(args)])
         setup_logging(world_rank(), config.runtime.log_level)
         topo = build_topology(config) if args.command in _NEEDS_WORLD else None
     except HpctrainError as exc:
@@ -48,43 +61,84 @@ def _parser() -> argparse.ArgumentParser:
                                      "(launch with mpiexec/srun; see README.md).")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def command(name: str, help: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help, description=help)
+    def command(name: str, help: str, parent: argparse._SubParsersAction = sub
+                ) -> argparse.ArgumentParser:
+        p = parent.add_parser(name, help=help, description=help)
         p.add_argument("job", nargs="?", help="TOML job file (default: the embedded job)")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config key, e.g. --set train.batch_size=256")
         return p
 
-    command("train", "train the job's DLRM on this MPI world")
+    train = command("train", "train the job's DLRM on this MPI world")
+    train.add_argument("--resume", metavar="RUN_DIR",
+                       help="continue the run in RUN_DIR from its newest complete checkpoint "
+                            "(with no JOB, the run's own config.toml)")
     command("info", "print the MPI world, roles, threads, torch/CUDA/NCCL and allocation")
     pre = command("preprocess", "convert the job's Criteo text files into one HDF5 file")
     pre.add_argument("--out", required=True, help="output .h5 path (written atomically)")
+    compare = command("compare-sync", "train the job under several sync models and compare "
+                                      "them (table, summary.json, loss.png)")
+    compare.add_argument("--models", default="bsp,ssp:2,ssp:8,asp",
+                         help="comma-separated: bsp, ssp:S, asp (default bsp,ssp:2,ssp:8,asp)")
+    compare.add_argument("--stragglers", default="none",
+                         help="none, transient:P:FACTOR or persistent:WORKER[+WORKER]:FACTOR")
+    compare.add_argument("--target-loss", type=float, default=None,
+                         help="training loss to time (default: 1.01 x the first model's final)")
+    compare.add_argument("--out", default=None,
+                         help="results folder (default runs/compare-<date-time>)")
     cfg = command("config", "print the resolved job as TOML")
     cfg.add_argument("--doc", action="store_true", help="print the table of all config keys")
-    bench = sub.add_parser("bench", help="benchmarks, with ratios to a baseline measured in "
-                                         "the same run")
-    bench.set_defaults(job=None, set=[])
-    kinds = bench.add_subparsers(dest="bench", required=True)
-    ps = kinds.add_parser("ps", help="parameter-server pull/push rows/s and bytes per step "
-                                     "against torch EmbeddingBag(sparse=True)")
+    bench = sub.add_parser("bench", help="measure a part of the toolkit on this MPI world "
+                                         "(ratios to a baseline measured in the same run)",
+                           description="measure a part of the toolkit on this MPI world")
+    benches = bench.add_subparsers(dest="bench", required=True)
+    ps = command("ps", "parameter-server pull/push rows/s and bytes per step against torch "
+                       "EmbeddingBag(sparse=True)", benches)
     ps.add_argument("--servers", type=int, default=1, help="server ranks (default 1)")
     from hpctrain.bench import ps as bench_ps
 
     bench_ps.add_arguments(ps)
-    tiering = kinds.add_parser("tiering", help="hot/cold tiering: LFU/LRU/oracle hit rates, "
-                                               "bytes and samples/s against the untiered "
-                                               "parameter server (one server rank)")
+    pipe = command("pipeline", "bubble fraction and peak held activations of GPipe and 1F1B "
+                               "against (p-1)/(m+p-1)", benches)
+    pipe.add_argument("--p", type=int, nargs="+", default=[2, 4], metavar="P",
+                      help="pipeline stages (default: 2 4; needs max(P) workers)")
+    pipe.add_argument("--m", type=int, nargs="+", default=[1, 4, 8, 16], metavar="M",
+                      help="micro-batches per batch (default: 1 4 8 16)")
+    pipe.add_argument("--schedules", nargs="+", default=["gpipe", "1f1b"],
+                      choices=["gpipe", "1f1b"], help="schedules (default: both)")
+    pipe.add_argument("--width", type=int, default=1024, help="MLP width (default: 1024)")
+    pipe.add_argument("--layers", type=int, default=8, help="MLP layers (default: 8)")
+    pipe.add_argument("--micro-batch", type=int, default=64,
+                      help="samples per micro-batch (default: 64)")
+    pipe.add_argument("--repeats", type=int, default=3,
+                      help="measured runs per row after a warm-up run; the median is shown")
+    pipe.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
+    tiering = command("tiering", "hot/cold tiering: LFU/LRU/oracle hit rates, bytes and "
+                                 "samples/s against the untiered parameter server (one server "
+                                 "rank)", benches)
     from hpctrain.bench import tiering as bench_tiering
 
     bench_tiering.add_arguments(tiering)
     return parser
 
 
-def _bench_overrides(args: argparse.Namespace) -> list[str]:
+def _resumed_job(run_dir: str) -> str:
+    config = os.path.join(run_dir, "config.toml")
+    if not os.path.exists(config):
+        raise ConfigError(f"--resume {run_dir}: no config.toml there (not a run directory?)")
+    return config
+
+
+def _command_overrides(args: argparse.Namespace) -> list[str]:
+    """Config keys a command's own flags set (they win over --set)."""
     if args.command == "bench" and args.bench == "ps":
         return [f"ps.servers={args.servers}", "train.progress=false"]
     if args.command == "bench" and args.bench == "tiering":
         return ["ps.servers=1", "train.progress=false"]
+    if args.command == "compare-sync":
+        from hpctrain.train.compare import straggler_overrides
+
+        return straggler_overrides(args.stragglers)
     return []
 
 
@@ -92,7 +146,7 @@ def _train(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -
     from hpctrain.train.report import print_summary
     from hpctrain.train.trainer import run_training
 
-    summary = run_training(config, topo)
+    summary = run_training(config, topo, resume=bool(args.resume))
     if topo.rank == 0:
         print_summary(summary, topo.workers)
     return 0
@@ -117,22 +171,38 @@ def _preprocess(args: argparse.Namespace, config: JobConfig, topo: Topology | No
     return 0
 
 
-def _bench(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -> int:
+def _bench_ps(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -> int:
+    from hpctrain.bench import ps as bench_ps
     from hpctrain.bench.report import print_rows
 
-    if args.bench == "ps":
-        from hpctrain.bench import ps as bench_ps
-
-        rows = bench_ps.run(args, topo)
-        columns = ["mode", "prefetch", "rows_per_s", "baseline_rows_per_s", "ratio_to_baseline",
-                   "bytes_per_step", "bytes_ratio", "server_memory_ratio"]
-    else:
-        from hpctrain.bench import tiering as bench_tiering
-
-        rows = bench_tiering.run(args, config, topo)
-        columns = bench_tiering.COLUMNS
+    rows = bench_ps.run(args, topo)
     if rows is not None:
-        print_rows(rows, columns, args.json)
+        print_rows(rows, ["mode", "prefetch", "rows_per_s", "baseline_rows_per_s",
+                          "ratio_to_baseline", "bytes_per_step", "bytes_ratio",
+                          "server_memory_ratio"], args.json)
+    return 0
+
+
+def _bench_tiering(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -> int:
+    from hpctrain.bench import tiering as bench_tiering
+    from hpctrain.bench.report import print_rows
+
+    rows = bench_tiering.run(args, config, topo)
+    if rows is not None:
+        print_rows(rows, bench_tiering.COLUMNS, args.json)
+    return 0
+
+
+def _compare_sync(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -> int:
+    from hpctrain.train.compare import compare_sync, format_comparison
+    from hpctrain.train.rundir import default_run_dir
+
+    out = args.out or default_run_dir().replace("runs/", "runs/compare-")
+    out = topo.world.bcast(out, root=0)
+    result = compare_sync(config, topo, args.models, out, args.target_loss)
+    if result is not None:
+        print(format_comparison(result))
+        print(f"wrote {out}/summary.json and {out}/loss.png")
     return 0
 
 
@@ -142,9 +212,33 @@ def _config(args: argparse.Namespace, config: JobConfig, topo: Topology | None) 
     return 0
 
 
+def _bench(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -> int:
+    return _BENCHES[args.bench](args, config, topo)
+
+
+def _bench_pipeline(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -> int:
+    from hpctrain.parallel.bench import PipelineBench, format_rows, write_json
+
+    bench = PipelineBench(tuple(args.p), tuple(args.m), tuple(args.schedules), args.width,
+                          args.layers, args.micro_batch, args.repeats)
+    try:
+        bench.check(topo.workers)
+    except HpctrainError as exc:  # identical on every rank, before any message
+        if topo.rank == 0:
+            print(f"hpctrain: error: {exc}", file=sys.stderr, flush=True)
+        return USER_ERROR
+    rows = bench.run(topo)
+    if rows is not None:
+        print(format_rows(rows), flush=True)
+        if args.json:
+            write_json(args.json, rows, bench, topo)
+    return 0
+
+
 _COMMANDS = {"train": _train, "info": _info, "preprocess": _preprocess, "config": _config,
-             "bench": _bench}
-_NEEDS_WORLD = {"train", "info", "bench"}
+             "bench": _bench, "compare-sync": _compare_sync}
+_BENCHES = {"ps": _bench_ps, "pipeline": _bench_pipeline, "tiering": _bench_tiering}
+_NEEDS_WORLD = {"train", "info", "bench", "compare-sync"}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -32,9 +32,13 @@ __all__ = [
     "ModelConfig",
     "TrainConfig",
     "PSConfig",
+    "SyncConfig",
+    "CheckpointConfig",
+    "ParallelConfig",
     "TieringConfig",
     "JobConfig",
     "load_config",
+    "staleness_bound",
     "dump_toml",
     "doc_table",
     "NUM_DENSE",
@@ -65,6 +69,10 @@ class RuntimeConfig:
                                  "when available", choices=("auto", "cpu", "cuda"))
     log_level: str = option("info", "log level of rank 0 (other ranks log warnings and up)",
                             choices=("debug", "info", "warning", "error"))
+    watchdog_warn_s: float = option(60.0, "a wait (collective, pull, push) this long logs "
+                                          "which ranks have not arrived (0: off)", min=0.0)
+    watchdog_abort_s: float = option(300.0, "a wait this long aborts the job with that "
+                                            "message (0: off)", min=0.0)
 
 
 @dataclass(frozen=True)
@@ -109,11 +117,11 @@ class TrainConfig:
     lr: float = option(0.1, "learning rate (dense and embedding)", min=0.0)
     optimizer: str = option("adagrad", "sgd, or adagrad (row-wise for embedding tables)",
                             choices=("sgd", "adagrad"))
-    warmup_steps: int = option(0, "linear learning-rate warm-up steps", min=0)
+    warmup_steps: int = option(30, "linear learning-rate warm-up steps", min=0)
     accumulate: int = option(1, "micro-batches accumulated per optimizer step", min=1)
     eval_every: int = option(0, "steps between held-out evaluations; 0 evaluates at the end",
                              min=0)
-    eval_batch_size: int = option(8192, "global batch of the evaluation pass", min=1)
+    eval_batch_size: int = option(2048, "global batch of the evaluation pass", min=1)
     log_every: int = option(50, "steps between metrics.jsonl records", min=1)
     run_dir: str = option("", "run directory for config.toml and metrics.jsonl; empty makes "
                               "runs/<date-time>")
@@ -133,6 +141,60 @@ class PSConfig:
                                    min=1)
     prefetch: bool = option(False, "pull the next batch's rows while the current one "
                                    "computes (reads become one step stale)")
+    mode: str = option("hybrid", "hybrid: dense layers data parallel by allreduce, tables on "
+                                 "the servers; full: dense parameters on the servers too, as "
+                                 "one more table, so the sync model governs everything",
+                       choices=("hybrid", "full"))
+
+
+@dataclass(frozen=True)
+class SyncConfig:
+    model: str = option("bsp", "consistency model of the parameter-server tables: bsp, "
+                               "ssp:S (staleness bound S) or asp")
+    table_models: tuple[str, ...] = option((), "per-table overrides 'TABLE=MODEL'; TABLE is "
+                                               "t0, t1, ... or dense (full mode)")
+    deterministic: bool = option(False, "servers apply each step's pushes together, in worker "
+                                        "order, once all have arrived: bitwise reproducible; "
+                                        "needs staleness 0 and ps.prefetch off")
+    slow_workers: tuple[int, ...] = option((), "straggler injection: workers that are always "
+                                               "slow_factor times slower", min=0)
+    slow_factor: float = option(1.0, "persistent straggler slowdown", min=1.0)
+    straggle_probability: float = option(0.0, "transient stragglers: chance that a worker's "
+                                              "step is slowed", min=0.0, max=1.0)
+    straggle_factor: float = option(1.0, "transient straggler slowdown", min=1.0)
+    straggler_seed: int = option(0, "seed of the transient straggler draws", min=0)
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    every_steps: int = option(0, "checkpoint every N optimizer steps (0: off)", min=0)
+    every_minutes: float = option(0.0, "checkpoint every T minutes of training (0: off)",
+                                  min=0.0)
+    mtbf_hours: float = option(0.0, "the allocation's mean time between failures; when set, "
+                                    "checkpoint at the Young-Daly interval sqrt(2 x measured "
+                                    "write time x MTBF) (0: off)", min=0.0)
+    at_end: bool = option(False, "also checkpoint when training ends")
+    keep: int = option(2, "complete checkpoints kept (older ones are deleted)", min=1)
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    tp: int = option(1, "tensor-parallel ranks per MLP (Megatron column/row pairs, one "
+                        "allreduce each way per pair); kept inside a node when it can", min=1)
+    pp: int = option(1, "pipeline stages: stage 0 runs embeddings, bottom MLP, interaction "
+                        "and the first top-MLP layers, the others the rest of the top MLP",
+                     min=1)
+    dp: int = option(0, "data-parallel replicas; 0 takes workers / (tp * pp)", min=0)
+    micro_batches: int = option(4, "micro-batches each replica's batch is split into when "
+                                   "tp or pp > 1", min=1)
+    schedule: str = option("1f1b", "pipeline schedule: all forwards then all backwards, or "
+                                   "one-forward-one-backward", choices=("gpipe", "1f1b"))
+    stage_cuts: tuple[int, ...] = option((), "top-MLP layer index at which each stage after "
+                                             "the first begins (pp - 1 increasing values); "
+                                             "empty balances layer counts", min=0)
+    backend: str = option("auto", "tensor/pipeline traffic over MPI or torch.distributed "
+                                  "(NCCL on CUDA, gloo on CPU); auto takes torch on CUDA",
+                          choices=("auto", "mpi", "torch"))
 
 
 @dataclass(frozen=True)
@@ -171,6 +233,9 @@ class JobConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     ps: PSConfig = field(default_factory=PSConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     tiering: TieringConfig = field(default_factory=TieringConfig)
     source: str = field(default="", compare=False, metadata={"internal": True})
     """Where the job came from (file path or ``embedded default``), for messages."""
@@ -183,12 +248,57 @@ class JobConfig:
         if m.top_mlp[-1] != 1:
             raise ConfigError(f"model.top_mlp: the last width must be 1 (the logit), "
                               f"got {m.top_mlp[-1]}")
+        bounds = [staleness_bound(self.sync.model)]
+        for i, item in enumerate(self.sync.table_models):
+            table, sep, name = item.partition("=")
+            if not sep or not table.strip():
+                raise ConfigError(f"sync.table_models[{i}]: expected 'TABLE=MODEL', got {item!r}")
+            bounds.append(staleness_bound(name, f"sync.table_models[{i}]"))
+        if self.sync.deterministic and (self.ps.prefetch or any(b != 0 for b in bounds)):
+            raise ConfigError("sync.deterministic needs staleness 0 everywhere (bsp or ssp:0) "
+                              "and ps.prefetch = false")
+        c = self.checkpoint
+        if self.parallel.tp * self.parallel.pp > 1 and (
+                c.every_steps or c.every_minutes or c.mtbf_hours or c.at_end):
+            raise ConfigError("checkpoint.*: checkpoints of tensor/pipeline-parallel runs "
+                              "(parallel.tp or pp > 1) are not supported")
+        if self.parallel.tp * self.parallel.pp > 1 and self.ps.servers:
+            raise ConfigError("parallel.tp/pp > 1 keeps the tables on pipeline stage 0; it does "
+                              "not combine with ps.servers > 0")
+        cuts = self.parallel.stage_cuts
+        if self.parallel.pp > len(m.top_mlp) + 1:
+            raise ConfigError(f"parallel.pp = {self.parallel.pp}: the dense model has at most "
+                              f"{len(m.top_mlp) + 1} stages (the features part and "
+                              f"{len(m.top_mlp)} top-MLP layers)")
+        if cuts and len(cuts) != self.parallel.pp - 1:
+            raise ConfigError(f"parallel.stage_cuts: pp = {self.parallel.pp} stages need "
+                              f"{self.parallel.pp - 1} cuts, got {list(cuts)}")
+        if any(b <= a for a, b in zip(cuts, cuts[1:], strict=False)) or (
+                cuts and cuts[-1] >= len(m.top_mlp)):
+            raise ConfigError(f"parallel.stage_cuts: {list(cuts)} must increase and stay "
+                              f"below the {len(m.top_mlp)} layers of model.top_mlp")
         if self.tiering.budget > 0 and self.ps.servers == 0:
             raise ConfigError(f"tiering.budget = {self.tiering.budget}: the cold tier lives on "
                               f"the parameter servers; set ps.servers >= 1 or the budget to 0")
+        if self.tiering.budget > 0 and self.ps.mode != "hybrid":
+            raise ConfigError("tiering.budget > 0 needs ps.mode = 'hybrid' (the hot tier's "
+                              "counts ride in the dense allreduce)")
         if self.data.source != "synthetic" and not self.data.paths:
             raise ConfigError(f"data.paths: data.source = {self.data.source!r} needs at least "
                               f"one input file")
+
+
+def staleness_bound(model: str, where: str = "sync.model") -> int | None:
+    """Staleness bound of a sync model name: ``bsp`` 0, ``ssp:S`` S, ``asp`` None."""
+    name, _, arg = model.strip().lower().partition(":")
+    if name in ("bsp", "asp") and not arg:
+        return 0 if name == "bsp" else None
+    if name == "ssp":
+        if not arg.isdigit():
+            raise ConfigError(f"{where}: {model!r}: SSP needs a non-negative integer staleness "
+                              f"bound, as in 'ssp:4'")
+        return int(arg)
+    raise ConfigError(f"{where}: unknown sync model {model!r}; expected bsp, ssp:S or asp")
 
 
 # ---------------------------------------------------------------------------------------

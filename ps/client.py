@@ -1,7 +1,8 @@
 """The worker's side of the parameter server: an :class:`~embeddings.types.EmbeddingStore`.
 
-``pull`` splits a batch's unique rows by owning server (the plan's placement), sends one
-request per server without blocking, and scatters the replies back into batch order.
+``pull`` splits a batch's unique rows by owning server (the plan's placement), and by sync
+model where tables follow different ones, sends one request per part without blocking, and
+scatters the replies back into batch order.
 ``push`` sums repeated rows, sends each server its rows' gradients (an empty push to the
 others: every push is a clock tick) and advances the worker's clock.
 
@@ -29,7 +30,7 @@ from embeddings.sharding import Placement
 from embeddings.tables import TableLayout
 from embeddings.types import BackingStore
 from hpctrain.errors import EmbeddingError
-from hpctrain.runtime.waits import wait_all
+from hpctrain.runtime.waits import Wait, wait_all
 from ps.types import TAG_REQUEST, Op, decode_reply, encode_request, reply_capacity, reply_tag
 
 __all__ = ["PSClient", "ClientStats"]
@@ -69,46 +70,66 @@ class _Pending:
     width: int
     parts: list[tuple[np.ndarray, np.ndarray, MPI.Request]]  # reply, positions, receive
     sends: list[tuple[MPI.Request, np.ndarray]]
+    servers: tuple[int, ...] = ()  # ranks asked
 
 
 class PSClient(BackingStore):
     def __init__(self, comm: MPI.Intracomm, layout: TableLayout, placement: Placement,
-                 servers: Sequence[int], state_width: int = 0) -> None:
-        """``state_width``: the servers' optimizer state per row (for ``read``/``write``)."""
+                 servers: Sequence[int], table_groups: Sequence[int] | None = None,
+                 state_width: int = 0) -> None:
+        """``table_groups[t]`` labels table ``t``'s sync model; tables of different labels
+        never share a pull request, so each request is governed by one model.
+        ``state_width``: the servers' optimizer state per row (for ``read``/``write``)."""
         self.comm = comm
         self.layout = layout
         self.dim = layout.dim
         self.state_width = state_width
         self.placement = placement
         self.servers = list(servers)  # comm rank of server index i
+        groups = np.zeros(len(layout.specs), np.int64) if table_groups is None else table_groups
+        self.groups = np.asarray(groups, dtype=np.int64)
         self.clock = 0
         self._seq = 0
-        self._prefetched: _Pending | None = None
+        self._prefetched: list[_Pending] = []
         self._sends: list[tuple[MPI.Request, np.ndarray]] = []
         self.stats = ClientStats()
 
     # -- EmbeddingStore ----------------------------------------------------------------------
 
     def pull(self, rows: np.ndarray) -> np.ndarray:
-        pending, self._prefetched = self._prefetched, None
-        if pending is not None and np.array_equal(pending.rows, rows):
-            self.stats.prefetch_hits += 1
-        else:
-            if pending is not None:
-                self._complete(pending)  # a stale guess: drain it, then read afresh
-            pending = self._send_pull(rows, self.clock, 0, Op.PULL)
-        return self._complete(pending)
+        for i, pending in enumerate(self._prefetched):
+            if np.array_equal(pending.rows, rows):
+                self.stats.prefetch_hits += 1
+                return self._complete(self._prefetched.pop(i))
+        return self._complete(self._send_pull(rows, self.clock, 0, Op.PULL))
 
     def prefetch(self, rows: np.ndarray, ahead: int) -> None:
         """Start pulling ``rows``, to be read ``ahead`` (0 or 1) steps from now."""
-        if self._prefetched is not None:
-            self._complete(self._prefetched)
-        self._prefetched = self._send_pull(rows, self.clock + ahead, ahead, Op.PULL)
+        if len(self._prefetched) > 1:  # a guess nobody read: drain it
+            self._complete(self._prefetched.pop(0))
+        self._prefetched.append(self._send_pull(rows, self.clock + ahead, ahead, Op.PULL))
+
+    def write(self, rows: np.ndarray, values: np.ndarray) -> None:
+        """Overwrite ``rows`` (sorted unique) on their servers with ``values``: ``dim`` wide
+        (optimizer state reset), or ``dim + state_width`` (values then optimizer state, as
+        :meth:`read` returns them); returns once every server has applied it."""
+        receives, keep = [], []
+        for index, _, tables, counts, ids, positions in self._split(rows, by_model=True):
+            seq = self._next_seq()
+            ack = np.empty(reply_capacity(0, self.dim), dtype=np.uint8)
+            receives.append(self.comm.Irecv(ack, source=self.servers[index], tag=reply_tag(seq)))
+            buf = encode_request(Op.WRITE, self.clock, seq, 0, tables, counts, ids,
+                                 np.ascontiguousarray(values[positions], dtype=np.float32))
+            keep.append((self.comm.Isend(buf, dest=self.servers[index], tag=TAG_REQUEST), buf))
+            self.stats.move_bytes_sent += buf.nbytes
+            self.stats.move_bytes_received += 16
+        self.stats.rows_written += len(rows)
+        wait_all(receives + [r for r, _ in keep], Wait("write", self.comm, self._peers(rows)))
 
     def push(self, rows: np.ndarray, grads: np.ndarray, lr: float) -> None:
         rows, grads = coalesce(rows, grads)
         self._reap()
-        for index, (tables, counts, ids, positions) in enumerate(self._split(rows)):
+        for index, _, tables, counts, ids, positions in self._split(rows, by_model=False):
             payload = np.ascontiguousarray(grads[positions])
             buf = encode_request(Op.PUSH, self.clock, self._next_seq(), 0, tables, counts,
                                  ids, payload, lr)
@@ -119,46 +140,37 @@ class PSClient(BackingStore):
         self.clock += 1
 
     def read(self, rows: np.ndarray) -> np.ndarray:
-        """``READ`` ``rows`` at this worker's clock: answered once every worker has pushed
-        all earlier steps (BSP's rule under any sync model)."""
+        """``READ`` ``rows`` (values then optimizer state) at this worker's clock: answered
+        once every worker's pushes of all earlier steps are applied (BSP's rule under any
+        sync model)."""
         return self._complete(self._send_pull(rows, self.clock, 0, Op.READ))
 
-    def write(self, rows: np.ndarray, block: np.ndarray) -> None:
-        """``WRITE`` ``rows`` with their values and state to their servers; returns once
-        every server has acknowledged."""
-        pending = _Pending(rows, Op.WRITE, 0, [], [])
-        for index, (tables, counts, ids, positions) in enumerate(self._split(rows)):
-            if len(ids) == 0:
-                continue
-            seq = self._next_seq()
-            reply = np.empty(reply_capacity(0, self.dim), dtype=np.uint8)
-            recv = self.comm.Irecv(reply, source=self.servers[index], tag=reply_tag(seq))
-            buf = encode_request(Op.WRITE, self.clock, seq, 0, tables, counts, ids,
-                                 np.ascontiguousarray(block[positions], dtype=np.float32))
-            pending.sends.append((self.comm.Isend(buf, dest=self.servers[index],
-                                                  tag=TAG_REQUEST), buf))
-            pending.parts.append((reply, positions[:0], recv))
-            self.stats.move_bytes_sent += buf.nbytes
-        self.stats.rows_written += len(rows)
-        self._complete(pending)
+    def save(self) -> None:
+        """Ask every server to checkpoint its shard at this worker's clock (after its pushes:
+        MPI keeps one sender's messages in order)."""
+        self._reap()
+        for index in range(len(self.servers)):
+            self._send(index, encode_request(Op.SAVE, self.clock, self._next_seq(), 0, _NO_IDS,
+                                             _NO_IDS, _NO_IDS))
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     def close(self) -> None:
         """Tell every server this worker is done, and finish all sends."""
-        if self._prefetched is not None:
-            self._complete(self._prefetched)
-            self._prefetched = None
+        while self._prefetched:
+            self._complete(self._prefetched.pop())
         for index in range(len(self.servers)):
             self._send(index, encode_request(Op.DONE, self.clock, self._next_seq(), 0, _NO_IDS,
                                              _NO_IDS, _NO_IDS))
-        wait_all([r for r, _ in self._sends])
+        wait_all([r for r, _ in self._sends], Wait("push", self.comm, tuple(self.servers)))
         self._sends = []
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _split(self, rows: np.ndarray):
-        """Per server index: (tables, counts, ids, positions in ``rows``); rows sorted."""
+    def _split(self, rows: np.ndarray, by_model: bool):
+        """Parts of sorted ``rows``: (server index, model group, tables, counts, ids,
+        positions in ``rows``). ``by_model`` splits each server's rows by sync-model group
+        and omits empty parts; otherwise there is exactly one part per server."""
         tables = self.layout.table_of(rows)
         ids = rows - self.layout.offsets[tables]
         server = np.empty(len(rows), dtype=np.int64)
@@ -166,12 +178,16 @@ class PSClient(BackingStore):
         for t in np.unique(tables).tolist():
             lo, hi = bounds[t], bounds[t + 1]
             server[lo:hi] = self.placement.locate(t, ids[lo:hi])[0]
-        order = np.argsort(server, kind="stable")
-        cuts = np.searchsorted(server[order], np.arange(len(self.servers) + 1))
+        groups = self.groups[tables] if by_model else np.zeros(len(rows), np.int64)
+        key = server * (int(self.groups.max()) + 1) + groups
+        order = np.argsort(key, kind="stable")
         for index in range(len(self.servers)):
-            positions = order[cuts[index]: cuts[index + 1]]
-            part_tables, counts = np.unique(tables[positions], return_counts=True)
-            yield part_tables, counts, ids[positions], positions
+            mine = order[server[order] == index]
+            labels = np.unique(groups[mine]) if by_model else np.zeros(1, np.int64)
+            for group in labels.tolist():
+                positions = mine[groups[mine] == group]
+                part_tables, counts = np.unique(tables[positions], return_counts=True)
+                yield index, group, part_tables, counts, ids[positions], positions
 
     def _send_pull(self, rows: np.ndarray, step: int, slack: int, op: Op) -> _Pending:
         """Send a PULL (rows) or READ (rows with optimizer state) of sorted unique rows."""
@@ -179,9 +195,7 @@ class PSClient(BackingStore):
             raise ValueError(f"{op.name.lower()} needs sorted unique rows")
         width = self.dim + (self.state_width if op == Op.READ else 0)
         pending = _Pending(rows, op, width, [], [])
-        for index, (tables, counts, ids, positions) in enumerate(self._split(rows)):
-            if len(ids) == 0:
-                continue
+        for index, _, tables, counts, ids, positions in self._split(rows, by_model=True):
             seq = self._next_seq()
             reply = np.empty(reply_capacity(len(ids), width), dtype=np.uint8)
             recv = self.comm.Irecv(reply, source=self.servers[index], tag=reply_tag(seq))
@@ -189,6 +203,7 @@ class PSClient(BackingStore):
             pending.sends.append((self.comm.Isend(buf, dest=self.servers[index],
                                                   tag=TAG_REQUEST), buf))
             pending.parts.append((reply, positions, recv))
+            pending.servers += (self.servers[index],)
             if op == Op.READ:
                 self.stats.move_bytes_sent += buf.nbytes
             else:
@@ -199,7 +214,8 @@ class PSClient(BackingStore):
 
     def _complete(self, pending: _Pending) -> np.ndarray:
         start = time.perf_counter()
-        wait_all([recv for *_, recv in pending.parts] + [r for r, _ in pending.sends])
+        wait_all([recv for *_, recv in pending.parts] + [r for r, _ in pending.sends],
+                 Wait("pull", self.comm, pending.servers))
         self.stats.pull_wait_s += time.perf_counter() - start
         out = np.empty((len(pending.rows), pending.width), dtype=np.float32)
         for reply, positions, _ in pending.parts:
@@ -218,6 +234,9 @@ class PSClient(BackingStore):
     def _send(self, index: int, buf: np.ndarray) -> None:
         request = self.comm.Isend(buf, dest=self.servers[index], tag=TAG_REQUEST)
         self._sends.append((request, buf))
+
+    def _peers(self, rows: np.ndarray) -> tuple[int, ...]:
+        return tuple(self.servers[i] for i, *_ in self._split(rows, by_model=False))
 
     def _reap(self) -> None:
         self._sends = [(r, b) for r, b in self._sends if not r.Test()]

@@ -5,27 +5,39 @@ message layouts in :mod:`ps.types`):
 
 1. A worker sends requests with tag ``TAG_REQUEST``. MPI keeps the messages of one
    (worker, server) pair in order, so a worker's pull always sees its own earlier pushes.
-2. ``PULL`` carries ids grouped by table and the worker's clock (its completed steps). The
-   server answers with the rows in request order, tag ``reply_tag(seq)``, as soon as the sync
-   model allows a read at that clock given the slowest worker's clock; until then the request
-   is parked (a deferred reply) and retried after every push. A bad id (out of range, another
-   server's row, unknown table) is answered with an error reply naming table and id, and the
-   server goes on serving.
+2. ``PULL`` carries ids grouped by table, the worker's clock (its completed steps) and a
+   slack (1 for a prefetch). The server answers with the rows in request order, tag
+   ``reply_tag(seq)``, as soon as the sync model of the request's tables (the strictest, if
+   several) allows a read at that clock given the slowest worker's clock (see
+   :class:`hpctrain.sync.types.SyncModel`); until then the request is parked (a deferred
+   reply) and retried after every push. Each served read records its staleness (reader's
+   clock minus the slowest clock) per table; one beyond the model's bound plus slack is a
+   bug and stops the job. A bad id (out of range, another server's row, unknown table) is
+   answered with an error reply naming table and id, and the server goes on serving.
 3. ``PUSH`` carries unique ids per table, their summed gradient rows and the learning rate.
    It is applied on arrival by the sparse optimizer kernel, then the sender's clock becomes
    ``step + 1`` and parked pulls are retried. Every worker pushes to every server once per
-   step, empty if none of its rows live there: the push is the clock tick.
-4. ``DONE``: the worker will send nothing more; its clock stops holding others back. The loop
+   step, empty if none of its rows live there: the push is the clock tick. In deterministic
+   mode the pushes of a step are held until every running worker's has arrived, then summed
+   and applied as one update (the replicated trainer's semantics, bitwise reproducible).
+4. ``WRITE`` overwrites rows and is answered with an empty reply once applied. With ``dim``
+   values per row the optimizer state is reset (workers place initial dense parameters so);
+   with ``dim + state`` values it is replaced too (hot/cold tiering, :mod:`embeddings.tiered`:
+   rows go back cold). It is not a clock tick. While a row is hot no worker pushes it, so
+   the write is its only update; the tiering writers wait for the acknowledgements and then
+   pass a barrier among the workers before any of them pushes again, so no read can see the
+   row before it is back.
+5. ``SAVE`` (checkpoint): each worker sends one to every server after its last push of the
+   step. Once every running worker's has arrived (so every push before it has been applied),
+   the server hands its shard to the save hook, which writes it and joins the checkpoint's
+   commit, a collective with the workers; no request is pending meanwhile.
+6. ``DONE``: the worker will send nothing more; its clock stops holding others back. The loop
    ends once every worker has sent ``DONE`` and every reply has been delivered.
-5. ``READ`` (hot/cold tiering, :mod:`embeddings.tiered`: rows become hot on the workers) is a
-   ``PULL`` answered with values and optimizer state, ``[n, dim + state]``, and always under
-   BSP's rule, whatever the sync model: it waits until every worker has pushed all steps
-   before its clock. The rows change owner, so a gradient still on its way would be lost.
-6. ``WRITE`` (rows go back cold) carries unique ids and ``[n, dim + state]`` values and
-   optimizer state, replaces them, and is acknowledged with an empty reply once stored. It
-   is not a clock tick. While a row is hot no worker pushes it, so the write is its only
-   update; the writers wait for the acknowledgements and then pass a barrier among the
-   workers before any of them pushes again, so no read can see the row before it is back.
+7. ``READ`` (hot/cold tiering: rows become hot on the workers) is a ``PULL`` answered with
+   values and optimizer state, ``[n, dim + state]``, and always under BSP's rule, whatever
+   the sync model: it waits until every worker's pushes of all steps before its clock have
+   been applied. The rows change owner, so a gradient still on its way would be lost. Its
+   staleness is 0 by that rule and is not recorded with the training reads'.
 
 Receives are non-blocking probes on ``ANY_SOURCE`` with a backoff
 (:class:`hpctrain.runtime.waits.Backoff`) so an idle server leaves its core to the workers.
@@ -35,12 +47,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 from mpi4py import MPI
 
+from embeddings.optim import coalesce
 from hpctrain.errors import EmbeddingError, PSError
 from hpctrain.runtime.waits import Backoff, wait_all
 from hpctrain.sync.types import SyncModel
@@ -68,10 +82,12 @@ class ServerStats:
     deferred_wait_s: float = 0.0
     resident_bytes: int = 0  # the shard's arrays
     rss_growth_bytes: int = 0  # the process's resident memory growth while building them
+    staleness: dict[str, dict[int, int]] = field(default_factory=dict)
+    """Per table: how many reads were served with each staleness (in clocks)."""
     rows_read: int = 0  # READ: rows handed to the workers' hot tier with optimizer state
     rows_written: int = 0  # WRITE: rows handed back
 
-    def as_dict(self) -> dict[str, float]:
+    def as_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
@@ -86,16 +102,25 @@ class Server:
     """Serves ``store``'s rows to the ``workers`` (ranks of ``comm``) under ``sync``."""
 
     def __init__(self, comm: MPI.Intracomm, store: ShardStore, workers: Sequence[int],
-                 sync: SyncModel) -> None:
+                 models: Sequence[SyncModel], deterministic: bool = False,
+                 clock: int = 0, on_save: Callable[[ShardStore, int], None] | None = None
+                 ) -> None:
+        """``models[t]`` governs table ``t``; every worker starts at ``clock`` (a resumed
+        run's step); ``on_save(store, step)`` writes a checkpoint of the shard."""
         self.comm = comm
         self.store = store
         self.dim = store.layout.dim
-        self.sync = sync
-        self.clock = {w: 0 for w in workers}
+        self.models = list(models)
+        self.deterministic = deterministic
+        self.clock = dict.fromkeys(workers, clock)
+        self.on_save = on_save
+        self.saves: dict[int, set[int]] = {}
         self.active = set(workers)
         self.parked: list[_Parked] = []
+        self.held: dict[int, dict[int, Request]] = {}  # step -> worker -> push (deterministic)
         self.sending: list[tuple[MPI.Request, np.ndarray]] = []
         self.stats = ServerStats(rank=comm.Get_rank(), resident_bytes=store.resident_bytes())
+        self._seen: dict[str, Counter[int]] = {}
 
     def serve(self) -> ServerStats:
         """Run until every worker is done; returns the counters."""
@@ -113,39 +138,63 @@ class Server:
             self.stats.bytes_in += buf.nbytes
             self._handle(status.Get_source(), decode_request(buf, self.dim))
         wait_all([r for r, _ in self.sending])
+        self.stats.staleness = {t: dict(sorted(c.items())) for t, c in self._seen.items()}
         return self.stats
 
     def slowest_clock(self) -> float:
         """The lowest clock among workers still running (finished ones hold nobody back)."""
         return min((self.clock[w] for w in self.active), default=float("inf"))
 
-    def _ready(self, request: Request, slowest: float) -> bool:
-        """Whether a read may be served now: PULL under the sync model, READ under BSP."""
+    def model_of(self, request: Request) -> SyncModel:
+        """The strictest model among the request's tables."""
+        models = [self.models[t] for t in request.tables.tolist() if 0 <= t < len(self.models)]
+        bounded = [m for m in models if m.bound is not None]
+        return min(bounded, key=lambda m: m.bound) if bounded else (models or self.models)[0]
+
+    def _ready(self, request: Request) -> bool:
+        """Whether a read may be served now: PULL under its sync model, READ under BSP."""
         if request.op == Op.READ:
-            return slowest >= request.step
-        return self.sync.ready(request.step, slowest, request.slack)
+            return self.slowest_clock() >= request.step
+        return self.model_of(request).ready(request.step, self.slowest_clock(), request.slack)
 
     def _handle(self, source: int, request: Request) -> None:
         if request.op in (Op.PULL, Op.READ):
-            if self._ready(request, self.slowest_clock()):
+            if self._ready(request):
                 self._answer(source, request)
             else:
                 self.stats.deferred += 1
                 self.parked.append(_Parked(source, request, time.perf_counter()))
         elif request.op == Op.PUSH:
-            self._apply(source, request)
-            self._retry_parked()
-        elif request.op == Op.DONE:
-            self.active.discard(source)
+            if self.deterministic:
+                self.held.setdefault(request.step, {})[source] = request
+                self._apply_complete_steps()
+            else:
+                self._apply([(source, request)])
             self._retry_parked()
         elif request.op == Op.WRITE:
             self._write(source, request)
+        elif request.op == Op.SAVE:
+            asked = self.saves.setdefault(request.step, set())
+            asked.add(source)
+            if self.active <= asked:
+                del self.saves[request.step]
+                if self.on_save is None:
+                    raise PSError(f"server rank {self.comm.Get_rank()}: asked to save a "
+                                  f"checkpoint, but no checkpoint directory is configured")
+                self.on_save(self.store, request.step)
+        elif request.op == Op.DONE:
+            self.active.discard(source)
+            if self.deterministic:
+                self._apply_complete_steps()
+            self._retry_parked()
         else:  # pragma: no cover - a corrupt message is a bug
             raise PSError(f"server rank {self.comm.Get_rank()}: unknown op {request.op} "
                           f"from rank {source}")
 
     def _answer(self, source: int, request: Request) -> None:
-        self.stats.pulls += 1
+        if request.op == Op.PULL:
+            self.stats.pulls += 1
+            self._record_staleness(source, request)
         try:
             slots = self._slots(request)
         except EmbeddingError as exc:
@@ -162,32 +211,70 @@ class Server:
         self.sending.append((self.comm.Isend(reply, dest=source, tag=reply_tag(request.seq)),
                              reply))
 
-    def _apply(self, source: int, request: Request) -> None:
-        try:
-            slots = self._slots(request)
-        except EmbeddingError as exc:  # pushes carry only rows that were pulled: a bug
-            raise PSError(f"server rank {self.comm.Get_rank()}: bad push from rank "
-                          f"{source}: {exc}") from exc
-        if len(slots):
-            self.store.tables.push(slots, request.grads, request.lr)
-        self.stats.pushes += 1
-        self.stats.rows_in += len(slots)
-        self.clock[source] = request.step + 1
+    def _record_staleness(self, source: int, request: Request) -> None:
+        slowest = self.slowest_clock()
+        gap = 0 if slowest == float("inf") else max(0, request.step - int(slowest))
+        model = self.model_of(request)
+        if model.bound is not None and gap > model.bound + request.slack:
+            raise PSError(f"server rank {self.comm.Get_rank()}: a read by rank {source} at "
+                          f"clock {request.step} was served {gap} clocks stale, beyond "
+                          f"{model.name}'s bound {model.bound} (+{request.slack} slack)")
+        for t in request.tables.tolist():
+            name = self.store.layout.specs[t].name if 0 <= t < len(self.models) else str(t)
+            self._seen.setdefault(name, Counter())[gap] += 1
+
+    def _apply(self, pushes: list[tuple[int, Request]]) -> None:
+        """Apply pushes as one update (their rows summed) and advance their senders' clocks."""
+        slots, grads = [], []
+        for source, request in pushes:
+            try:
+                slots.append(self._slots(request))
+            except EmbeddingError as exc:  # pushes carry only rows that were pulled: a bug
+                raise PSError(f"server rank {self.comm.Get_rank()}: bad push from rank "
+                              f"{source}: {exc}") from exc
+            grads.append(request.grads)
+            self.stats.pushes += 1
+            self.stats.rows_in += len(slots[-1])
+        if len(pushes) > 1:
+            rows, summed = coalesce(np.concatenate(slots), np.concatenate(grads))
+        else:
+            rows, summed = slots[0], grads[0]
+        if len(rows):
+            self.store.tables.push(rows, summed, pushes[0][1].lr)
+        for source, request in pushes:
+            self.clock[source] = request.step + 1
+
+    def _apply_complete_steps(self) -> None:
+        """Deterministic mode: apply held steps, oldest first, once no running worker's push
+        of that step is missing; workers in rank order so sums are reproducible."""
+        while self.held:
+            step = min(self.held)
+            arrived = self.held[step]
+            if any(w not in arrived for w in self.active):
+                return
+            del self.held[step]
+            self._apply([(w, arrived[w]) for w in sorted(arrived)])
 
     def _write(self, source: int, request: Request) -> None:
+        """Values alone (optimizer state reset), or values then optimizer state (tiering)."""
         tables = self.store.tables
         try:
             slots = self._slots(request)
-        except EmbeddingError as exc:  # writes carry only rows that were read: a bug
+        except EmbeddingError as exc:  # writes carry only rows the worker may place: a bug
             raise PSError(f"server rank {self.comm.Get_rank()}: bad write from rank "
                           f"{source}: {exc}") from exc
-        if request.grads.shape[1] != self.dim + tables.state_width:
+        width = request.grads.shape[1]
+        if width == self.dim:
+            tables.weight[slots] = request.grads
+            tables.state[slots] = 0.0
+        elif width == self.dim + tables.state_width:
+            tables.write(slots, request.grads)
+        else:
             raise PSError(f"server rank {self.comm.Get_rank()}: a write from rank {source} "
-                          f"has rows of {request.grads.shape[1]} values; this server keeps "
-                          f"{self.dim} + {tables.state_width} optimizer state")
-        tables.write(slots, request.grads)
+                          f"has rows of {width} values; this server keeps {self.dim} and "
+                          f"{tables.state_width} of optimizer state")
         self.stats.rows_written += len(slots)
-        reply = encode_rows(np.empty(0, dtype=np.float32))
+        reply = encode_rows(np.empty((0, self.dim), dtype=np.float32))
         self.stats.bytes_out += reply.nbytes
         self.sending.append((self.comm.Isend(reply, dest=source, tag=reply_tag(request.seq)),
                              reply))
@@ -197,10 +284,9 @@ class Server:
         return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
 
     def _retry_parked(self) -> None:
-        slowest = self.slowest_clock()
         waiting = []
         for parked in self.parked:
-            if self._ready(parked.request, slowest):
+            if self._ready(parked.request):
                 self.stats.deferred_wait_s += time.perf_counter() - parked.since
                 self._answer(parked.source, parked.request)
             else:

@@ -9,6 +9,7 @@ server ranks :meth:`~PSJob.serve` and worker ranks talk to them through :meth:`~
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from mpi4py import MPI
@@ -48,19 +49,34 @@ class PSJob:
             text = plan.to_json()
             log.info("sharding plan: %s", plan.describe())
         plan = ShardingPlan.from_json(world.bcast(text, root=0))
-        return cls(world.Dup(), roles, layout, plan, Placement(plan))
+        comm = world.Dup()
+        comm.Set_name("hpctrain.ps")
+        return cls(comm, roles, layout, plan, Placement(plan))
 
-    def client(self, state_width: int = 0) -> PSClient:
-        """This worker's client; ``state_width`` as the servers' optimizer keeps it."""
+    def client(self, models: Sequence[SyncModel] | None = None,
+               state_width: int = 0) -> PSClient:
+        """A worker's client; ``models[t]`` is table ``t``'s sync model, so that one pull
+        request never mixes tables of different models; ``state_width`` as the servers'
+        optimizer keeps it (to move rows with their state)."""
+        groups = None if models is None else [sorted(set(models), key=str).index(m)
+                                              for m in models]
         return PSClient(self.comm, self.layout, self.placement, self.roles.server_ranks(),
-                        state_width)
+                        groups, state_width)
 
-    def serve(self, optimizer: SparseOptimizer, seed: int, sync: SyncModel) -> ServerStats:
-        """Hold this server's shard and serve the workers until they are all done."""
+    def serve(self, optimizer: SparseOptimizer, seed: int, models: Sequence[SyncModel],
+              deterministic: bool = False,
+              restore: Callable[[ShardStore], int] | None = None,
+              on_save: Callable[[ShardStore, int], None] | None = None) -> ServerStats:
+        """Hold this server's shard and serve the workers until they are all done.
+
+        ``restore(store)`` fills the shard from a checkpoint and returns its step, where
+        every worker's clock then starts; ``on_save`` writes checkpoints (see ps.server)."""
         index = self.comm.Get_rank() - self.roles.workers
         before = current_rss_bytes()
         store = ShardStore(self.layout, self.placement, index, optimizer, seed)
-        server = Server(self.comm, store, self.roles.worker_ranks(), sync)
+        clock = restore(store) if restore else 0
+        server = Server(self.comm, store, self.roles.worker_ranks(), models, deterministic,
+                        clock, on_save)
         server.stats.rss_growth_bytes = current_rss_bytes() - before
         log.info("server %d holds %d rows (%.1f MB)", index, self.placement.server_rows(index),
                  store.resident_bytes() / 2**20)

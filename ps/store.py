@@ -23,9 +23,9 @@ class ShardStore:
         self.placement = placement
         self.server = server
         self.tables = LocalTables(layout, optimizer, seed, placement.server_rows(server),
-                                  rows_of=self._global_rows)
+                                  rows_of=self.global_rows)
 
-    def _global_rows(self, lo: int, hi: int) -> np.ndarray:
+    def global_rows(self, lo: int, hi: int) -> np.ndarray:
         """Global rows held in slots ``[lo, hi)`` (they may span several tables)."""
         base, counts = self.placement.base[self.server], self.placement.counts[self.server]
         parts = []

@@ -5,8 +5,8 @@ Every request is one byte buffer, sent with tag :data:`TAG_REQUEST`:
     int64  op, step, seq, slack, ntables; float64 lr (PUSH: the learning rate to apply)
     int64  table[ntables], count[ntables]
     int64  ids[sum(count)]                  (ids within each table, grouped by table)
-    float32 grads[sum(count), dim]          (PUSH only)
-    float32 block[sum(count), dim + state]  (WRITE only: values, then optimizer state)
+    float32 grads[sum(count), dim]          (PUSH: gradients; WRITE: new values, or new
+                                            values then optimizer state [.., dim + state])
 
 Every reply is one byte buffer, sent with tag ``reply_tag(seq)`` so that a worker with
 several requests in flight matches each reply to its request:
@@ -39,8 +39,9 @@ class Op(IntEnum):
     PULL = 1  # read rows; the reply may be deferred until the sync model allows it
     PUSH = 2  # apply summed gradients of unique rows; advances the sender's clock
     DONE = 3  # the sender will send nothing more
-    READ = 4  # read rows with their optimizer state under BSP's rule (tiering: rows go hot)
-    WRITE = 5  # replace rows and their optimizer state, acknowledged (tiering: rows go cold)
+    WRITE = 4  # overwrite rows (optimizer state reset); answered with an empty reply
+    SAVE = 5  # checkpoint at the sender's clock, once every running worker has asked
+    READ = 6  # read rows with their optimizer state under BSP's rule (tiering: rows go hot)
 
 
 def reply_tag(seq: int) -> int:
@@ -95,8 +96,10 @@ def decode_request(buf: np.ndarray, dim: int) -> Request:
     end = (HEADER + 2 * ntables + n) * 8
     ids = buf[(HEADER + 2 * ntables) * 8: end].view(np.int64)
     grads = None
-    if op in (Op.PUSH, Op.WRITE):
-        grads = buf[end:].view(np.float32).reshape(n, dim if op == Op.PUSH else -1)
+    if op == Op.PUSH:
+        grads = buf[end:].view(np.float32).reshape(n, dim)
+    elif op == Op.WRITE:  # values alone, or values then optimizer state
+        grads = buf[end:].view(np.float32).reshape(n, -1 if n else dim)
     return Request(Op(op), step, seq, slack, lr, tables, counts, ids, grads)
 
 

@@ -53,7 +53,7 @@ def run(args: argparse.Namespace, topo: Topology) -> list[dict[str, Any]] | None
         facts = None
     else:
         mine = None
-        facts = job.serve(optimizer, 0, BSP).as_dict()
+        facts = job.serve(optimizer, 0, [BSP] * args.tables).as_dict()
     rows = topo.world.gather((mine, facts), root=0)
     if topo.rank != 0:
         return None

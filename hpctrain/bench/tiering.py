@@ -65,8 +65,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="training samples scanned to seed the hot set (default 5M)")
     parser.add_argument("--repeat", type=int, default=1,
                         help="training runs per setting, the fastest counts (default 1)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="config override for the runs, e.g. --set tiering.interval=20")
     parser.add_argument("--json", metavar="FILE", help="write the result rows as JSON")
 
 
@@ -188,7 +186,7 @@ def _train(args: argparse.Namespace, config: JobConfig, topo: Topology, zipf: fl
            budget: float, scratch: str) -> dict[str, float]:
     """One training run; world rank 0 returns its traffic and throughput."""
     samples = max(args.train_steps * config.train.batch_size, args.prescan)
-    base = load_config(overrides=[
+    base = load_config(args.job, overrides=[
         f"data.table_sizes=[{', '.join([str(args.rows)] * args.tables)}]",
         f"data.zipf={zipf}", f"data.train_samples={samples}", f"tiering.prescan={args.prescan}",
         "data.eval_samples=1000", f"train.steps={args.train_steps}", "train.progress=false",

@@ -15,7 +15,7 @@ from torch import nn
 
 from hpctrain.config import NUM_DENSE, ModelConfig
 
-__all__ = ["DLRM", "mlp", "interaction_width"]
+__all__ = ["DLRM", "mlp", "interaction_width", "dot_interaction"]
 
 
 def mlp(widths: Sequence[int], relu_last: bool) -> nn.Sequential:
@@ -39,6 +39,15 @@ def interaction_width(num_tables: int, dim: int) -> int:
     return dim + features * (features - 1) // 2
 
 
+def dot_interaction(x: torch.Tensor, embedded: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
+    """Top-MLP input ``[B, dim + pairs]``: the bottom output ``x`` ``[B, dim]`` and the dot
+    products of the feature pairs ``pairs`` (flat indices into the ``F x F`` products of
+    ``x`` and the embeddings ``[B, T, dim]``)."""
+    features = torch.cat([x.unsqueeze(1), embedded], dim=1)
+    dots = torch.bmm(features, features.transpose(1, 2)).flatten(1)
+    return torch.cat([x, dots.index_select(1, pairs)], dim=1)
+
+
 class DLRM(nn.Module):
     def __init__(self, config: ModelConfig, num_tables: int) -> None:
         super().__init__()
@@ -51,8 +60,5 @@ class DLRM(nn.Module):
 
     def forward(self, dense: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
         """Logits ``[B]`` from dense features ``[B, 13]`` and embeddings ``[B, T, dim]``."""
-        x = self.bottom(dense)
-        features = torch.cat([x.unsqueeze(1), embedded], dim=1)
-        dots = torch.bmm(features, features.transpose(1, 2)).flatten(1)
-        pairs = dots.index_select(1, self._pairs)  # strictly lower triangle, row-major
-        return self.top(torch.cat([x, pairs], dim=1)).squeeze(1)
+        # the pairs are the strictly lower triangle, row-major
+        return self.top(dot_interaction(self.bottom(dense), embedded, self._pairs)).squeeze(1)

@@ -14,6 +14,7 @@ handled by the CLI without aborting, so they print once.
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 from collections.abc import Callable
@@ -39,10 +40,11 @@ def world_size() -> int:
 
 def abort_job(message: str, code: int) -> None:
     """Print ``message`` to stderr and end every rank of the job with ``code``."""
+    sys.stdout.flush()
     print(message, file=sys.stderr, flush=True)
     if world_size() > 1:
         MPI.COMM_WORLD.Abort(code)
-    sys.exit(code)
+    os._exit(code)  # MPI_Abort may return before the launcher kills us: run nothing more
 
 
 def run_guarded(body: Callable[[], T]) -> T:
@@ -53,9 +55,9 @@ def run_guarded(body: Callable[[], T]) -> T:
         abort_job(f"hpctrain: error: [rank {world_rank()}] {exc}", USER_ERROR)
     except KeyboardInterrupt:
         abort_job(f"hpctrain: [rank {world_rank()}] interrupted", 130)
+    except SystemExit:
+        raise
     except BaseException as exc:  # noqa: BLE001 - any bug must abort the job, not hang it
-        if isinstance(exc, SystemExit) and exc.code in (0, None):
-            raise
         text = "".join(traceback.format_exception(exc))
         abort_job(f"hpctrain: rank {world_rank()} failed, aborting the job:\n{text}", 1)
     raise AssertionError("unreachable")

@@ -2,12 +2,16 @@
 
 :func:`build_topology` is the only place that reads ``MPI.COMM_WORLD``. It ``Dup()``s it so
 the library's messages never match a user's, splits off the node-local communicator
-(``Split_type(COMM_TYPE_SHARED)``) and the role communicators (workers, servers), picks the
-device and the torch thread count. Every rank-dependent choice elsewhere reads this object.
+(``Split_type(COMM_TYPE_SHARED)``) and the role communicators (workers, servers), lays the
+workers out as the ``dp x tp x pp`` grid of :mod:`hpctrain.runtime.topology` with one
+communicator per axis (and, on the torch backend, the torch.distributed groups of the same
+ranks), picks the device and the torch thread count. Every rank-dependent choice elsewhere
+reads this object.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from dataclasses import dataclass, field
@@ -17,11 +21,49 @@ from mpi4py import MPI
 
 from hpctrain.config import JobConfig
 from hpctrain.errors import ConfigError
-from hpctrain.runtime.topology import Roles, assign_roles, threads_per_rank
+from hpctrain.runtime import watchdog
+from hpctrain.runtime.topology import (
+    Grid,
+    Roles,
+    assign_roles,
+    make_grid,
+    place_grid,
+    threads_per_rank,
+)
+from hpctrain.runtime.torchdist import TorchWorld
 
-__all__ = ["Topology", "build_topology", "available_cores"]
+__all__ = ["Topology", "GridComms", "build_topology", "build_grid", "available_cores"]
 
 WORKER, SERVER = "worker", "server"
+AXES = ("tensor", "pipeline", "data")
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GridComms:
+    """This worker's place in a parallel grid and one communicator per axis.
+
+    ``comms[axis]`` (``tensor``, ``pipeline``, ``data``) holds the ranks sharing the other
+    two coordinates, ranked by the coordinate on ``axis``. ``torch_groups[axis]`` is the
+    torch.distributed group of the same ranks with their torch ranks in axis order, or
+    ``None`` on the MPI backend.
+    """
+
+    grid: Grid
+    position: int
+    comms: dict[str, MPI.Intracomm]
+    torch_groups: dict[str, tuple[object, list[int]]] | None
+    tensor_local: bool
+
+    @property
+    def coords(self) -> tuple[int, int, int]:
+        """``(data replica, pipeline stage, tensor shard)`` of this rank."""
+        return self.grid.coords(self.position)
+
+    def free(self) -> None:
+        for comm in self.comms.values():
+            comm.Free()
 
 
 @dataclass
@@ -35,7 +77,12 @@ class Topology:
     roles: Roles
     device: torch.device
     threads: int
+    backend: str = "mpi"
+    """Tensor/pipeline traffic: ``mpi``, or ``torch`` (NCCL on CUDA, gloo on CPU)."""
+    grid: GridComms | None = None
+    """The workers' ``dp x tp x pp`` grid (``None`` on servers)."""
     hostname: str = field(default_factory=socket.gethostname)
+    _torch: TorchWorld | None = field(default=None, repr=False)
 
     @property
     def rank(self) -> int:
@@ -70,7 +117,18 @@ class Topology:
         """Index among the workers (valid on workers only)."""
         return self.role_comm.Get_rank()
 
+    def torch_world(self) -> TorchWorld:
+        """torch.distributed over the workers; created on the first call, which is
+        collective over the workers (see :class:`TorchWorld`)."""
+        if self._torch is None:
+            self._torch = TorchWorld(self.role_comm, self.device)
+        return self._torch
+
     def free(self) -> None:
+        if self.grid is not None:
+            self.grid.free()
+        if self._torch is not None:
+            self._torch.close()
         for comm in (self.role_comm, self.node, self.world):
             if comm != MPI.COMM_NULL:
                 comm.Free()
@@ -89,18 +147,85 @@ def build_topology(config: JobConfig, base: MPI.Intracomm | None = None) -> Topo
     (``MPI.COMM_WORLD`` unless a test hands in another world, such as ``COMM_SELF``).
 
     Raises :class:`ConfigError` identically on every rank when the world does not fit the
-    config, before any message is exchanged.
+    config (servers, parallel grid), before any message is exchanged.
     """
     base = MPI.COMM_WORLD if base is None else base
     roles = assign_roles(base.Get_size(), config.ps.servers)
+    _check_fits(config, roles)
+    par = config.parallel
+    shape = make_grid(roles.workers, par.tp, par.pp, par.dp)
     world = base.Dup()
+    world.Set_name("hpctrain.world")
     rank = world.Get_rank()
     node = world.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+    node.Set_name("hpctrain.node")
     role_comm = world.Split(1 if roles.is_server(rank) else 0, key=rank)
+    role_comm.Set_name("hpctrain.servers" if roles.is_server(rank) else "hpctrain.workers")
+    rc = config.runtime
+    if base == MPI.COMM_WORLD and (rc.watchdog_warn_s or rc.watchdog_abort_s):
+        watchdog.install(watchdog.Board(world, rc.watchdog_warn_s, rc.watchdog_abort_s))
     threads = threads_per_rank(available_cores(), node.Get_size(), config.runtime.threads)
     torch.set_num_threads(threads)
     device = _select_device(config.runtime.device, node.Get_rank())
-    return Topology(world, node, role_comm, roles, device, threads)
+    backend = par.backend if par.backend != "auto" else (
+        "torch" if device.type == "cuda" else "mpi")
+    topo = Topology(world, node, role_comm, roles, device, threads, backend)
+    if topo.is_worker:
+        model_parallel = shape.tp * shape.pp > 1 and backend == "torch"
+        topo.grid = build_grid(role_comm, shape, topo.torch_world() if model_parallel else None)
+    return topo
+
+
+def build_grid(comm: MPI.Intracomm, grid: Grid,
+               torch_world: TorchWorld | None = None) -> GridComms | None:
+    """Lay the first ``grid.size`` ranks of ``comm`` out as ``grid`` (``None`` on the others).
+
+    Collective over ``comm``: an ``MPI_Allgather`` of node labels (the lowest rank of each
+    node, via ``Split_type`` and an ``MPI_Allreduce(MIN)`` on the node), three
+    ``MPI_Comm_split`` (one per axis) and, with ``torch_world`` (built over ``comm``), every
+    group's ``new_group`` in the same order on every rank.
+    """
+    if grid.size > comm.Get_size():
+        raise ConfigError(f"parallel grid: dp = {grid.dp} x tp = {grid.tp} x pp = {grid.pp} "
+                          f"needs {grid.size} ranks, the communicator has {comm.Get_size()}")
+    rank = comm.Get_rank()
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+    label = node.allreduce(rank, op=MPI.MIN)
+    node.Free()
+    order, local = place_grid(grid, comm.allgather(label)[:grid.size])
+    position = order.index(rank) if rank in order else None
+    if grid.tp > 1 and not local and rank == 0:
+        log.warning("tensor groups of %d ranks span nodes: give every node a multiple of %d "
+                    "workers to keep tensor-parallel traffic inside nodes", grid.tp, grid.tp)
+    comms: dict[str, MPI.Intracomm] = {}
+    torch_groups: dict[str, tuple[object, list[int]]] = {}
+    for axis in AXES:
+        groups = {"tensor": grid.tensor_groups, "pipeline": grid.pipeline_groups,
+                  "data": grid.data_groups}[axis]()
+        color, key = MPI.UNDEFINED, 0
+        for index, group in enumerate(groups):
+            ranks = [order[p] for p in group]
+            if position in group:
+                color, key = index, group.index(position)
+            if torch_world is not None:
+                pg = torch_world.new_group(ranks)
+                if position in group:
+                    torch_groups[axis] = (pg, ranks)
+        comms[axis] = comm.Split(color, key)
+    if position is None:
+        return None
+    return GridComms(grid, position, comms, torch_groups if torch_world else None, local)
+
+
+def _check_fits(config: JobConfig, roles: Roles) -> None:
+    """Config keys that name ranks must fit this world (checked before any message)."""
+    missing = [w for w in config.sync.slow_workers if w >= roles.workers]
+    if missing:
+        raise ConfigError(f"sync.slow_workers names worker {missing[0]}, but the job has "
+                          f"{roles.workers} workers (0..{roles.workers - 1})")
+    if config.ps.mode == "full" and not config.ps.servers:
+        raise ConfigError("ps.mode = 'full' keeps the dense parameters on the servers: "
+                          "set ps.servers >= 1")
 
 
 def _select_device(choice: str, local_rank: int) -> torch.device:

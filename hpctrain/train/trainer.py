@@ -13,15 +13,26 @@ One step (``accumulate`` micro-batches per optimizer step):
    applies the sparse optimizer where the rows live. The push ends the worker's step; with
    tiering it also moves rows between the tiers every ``tiering.interval`` steps (timed as
    the ``retier`` phase).
+
+In full parameter-server mode (``ps.mode = "full"``) steps 4-5 change: there is no
+allreduce; the dense parameters are pulled from the servers before the step and their
+gradients, divided by the global batch, travel in the same push as the embedding rows
+(:mod:`hpctrain.train.dense_ps`), so workers advance as the sync model lets them.
+
+With ``parallel.tp`` or ``parallel.pp`` above 1, steps 2-5 run tensor/pipeline parallel in
+:class:`~hpctrain.train.model_parallel.ModelParallelDLRM`, data parallel over the grid's
+``dp`` axis, with the same exact-mean semantics (tables replicated on stage 0).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -43,8 +54,14 @@ from hpctrain.parallel.data import DataParallel
 from hpctrain.runtime.env import peak_rss_bytes
 from hpctrain.runtime.topology import shard_range
 from hpctrain.runtime.world import Topology
-from hpctrain.sync.bsp import BSP
-from hpctrain.train import metrics
+from hpctrain.sync.models import table_models
+from hpctrain.sync.stragglers import Stragglers
+from hpctrain.sync.types import SyncModel
+from hpctrain.train import checkpoint as ckpt
+from hpctrain.train import checkpointing, metrics
+from hpctrain.train.dense_ps import DenseOnServers, with_dense_table
+from hpctrain.train.model_parallel import ModelParallelDLRM, wants_model_parallel
+from hpctrain.train.optim import DenseOptimizer
 from hpctrain.train.rundir import RunDir, default_run_dir
 from ps.service import PSJob
 
@@ -52,7 +69,8 @@ __all__ = ["Trainer", "Summary", "run_training"]
 
 log = logging.getLogger(__name__)
 
-PHASES = ("data", "lookup", "compute", "dense_sync", "optimizer", "push", "retier")
+PHASES = ("data", "lookup", "compute", "dense_sync", "optimizer", "push", "retier",
+          "checkpoint")
 
 
 @dataclass
@@ -69,7 +87,9 @@ class Summary:
     skipped_lines: int = 0
     run_dir: str = ""
     ps_clients: list[dict[str, float]] = field(default_factory=list)
-    ps_servers: list[dict[str, float]] = field(default_factory=list)
+    ps_servers: list[dict[str, object]] = field(default_factory=list)
+    step_times: list[dict[str, float]] = field(default_factory=list)
+    """Per worker: mean, p50, p99 and max step seconds, and straggler sleep."""
     tiering: list[dict[str, object]] = field(default_factory=list)
 
     @property
@@ -92,40 +112,96 @@ class Summary:
                 "step_samples_per_s": self.step_samples_per_s, "train_loss": self.train_loss,
                 "eval": self.eval, "peak_rss_mb": self.peak_rss_mb,
                 "skipped_lines": self.skipped_lines, "ps_clients": self.ps_clients,
-                "ps_servers": self.ps_servers, "tiering": self.tiering}
+                "ps_servers": self.ps_servers, "step_times": self.step_times,
+                "staleness": self.staleness(), "tiering": self.tiering}
+
+    def staleness(self) -> dict[str, dict[str, float]]:
+        """Per table, over all servers: reads, mean, p99 and max staleness in clocks."""
+        merged: dict[str, dict[int, int]] = {}
+        for server in self.ps_servers:
+            for table, counts in server.get("staleness", {}).items():
+                for gap, n in counts.items():
+                    merged.setdefault(table, {})
+                    merged[table][int(gap)] = merged[table].get(int(gap), 0) + n
+        out = {}
+        for table, counts in merged.items():
+            gaps = np.array(sorted(counts))
+            weights = np.array([counts[g] for g in gaps])
+            cumulative = np.cumsum(weights) / weights.sum()
+            out[table] = {"reads": int(weights.sum()),
+                          "mean": float((gaps * weights).sum() / weights.sum()),
+                          "p99": float(gaps[np.searchsorted(cumulative, 0.99)]),
+                          "max": float(gaps.max())}
+        return out
 
 
-def run_training(config: JobConfig, topo: Topology) -> Summary:
+def run_training(config: JobConfig, topo: Topology,
+                 on_trained: Callable[[Trainer], None] | None = None,
+                 resume: bool = False) -> Summary:
     """Train on every rank of ``topo``: workers run the :class:`Trainer`, parameter-server
     ranks serve their shards. Collective over the world; world rank 0 gets the full summary
-    (the server counters included)."""
+    (the server counters included). ``on_trained`` runs on every worker after training,
+    while the servers still serve (to read back or save the final state). With ``resume``,
+    training continues from the newest complete checkpoint in ``train.run_dir``."""
+    run_dir = topo.world.bcast(config.train.run_dir or default_run_dir(), root=0)
+    config = dataclasses.replace(config, train=dataclasses.replace(config.train,
+                                                                   run_dir=run_dir))
     dataset = open_dataset(config.data) if topo.is_worker else None
     sizes = topo.world.bcast(dataset.table_sizes if topo.rank == 0 else None, root=0)
     layout = TableLayout.from_sizes(sizes, config.model.embedding_dim)
-    job = None
+    job, models = None, None
     if config.ps.servers:
-        job = PSJob.create(topo.world, topo.roles, layout, config.ps, config.train.seed)
+        served = layout
+        if config.ps.mode == "full":
+            dense = sum(p.numel() for p in DLRM(config.model, len(sizes)).parameters())
+            served = with_dense_table(layout, dense)
+        models = table_models(config.sync.model, config.sync.table_models,
+                              [s.name for s in served.specs])
+        job = PSJob.create(topo.world, topo.roles, served, config.ps, config.train.seed)
+    manifest = None
+    if resume:  # world rank 0 checks; an error there ends the job while the others wait
+        manifest = topo.world.bcast(_resumable(config, job.layout if job else layout)
+                                    if topo.rank == 0 else None, root=0)
     summary, server_stats = Summary(), None
     if topo.is_worker:
-        trainer = Trainer(config, topo, dataset, layout, job)
+        trainer = Trainer(config, topo, dataset, layout, job, models, manifest)
         summary = trainer.fit()
+        if on_trained:
+            on_trained(trainer)
         trainer.close()
     else:
         optimizer = SparseOptimizer(config.train.optimizer)
-        server_stats = job.serve(optimizer, config.train.seed, BSP).as_dict()
+        restore, on_save = checkpointing.server_hooks(
+            topo.world, run_dir, config.checkpoint.keep, job.layout, job.placement,
+            topo.rank - topo.workers, manifest)
+        server_stats = job.serve(optimizer, config.train.seed, models,
+                                 config.sync.deterministic, restore, on_save).as_dict()
     gathered = topo.world.gather(server_stats, root=0)
+    if job:
+        job.comm.Free()
     if topo.rank == 0:
         summary.ps_servers = [s for s in gathered if s is not None]
         trainer.finish(summary)
     return summary
 
 
+def _resumable(config: JobConfig, layout: TableLayout) -> ckpt.Manifest:
+    manifest = ckpt.latest(config.train.run_dir)
+    checkpointing.check_compatible(manifest, config, layout)
+    log.info("resuming from %s (step %d)", manifest.path, manifest.step)
+    return manifest
+
+
 class Trainer:
     """Trains the DLRM on this worker; collective over the workers (``topo.role_comm``)."""
 
     def __init__(self, config: JobConfig, topo: Topology, dataset: Dataset | None = None,
-                 layout: TableLayout | None = None, job: PSJob | None = None) -> None:
-        """Tables live on ``job``'s servers when given, else replicated on every worker."""
+                 layout: TableLayout | None = None, job: PSJob | None = None,
+                 models: list[SyncModel] | None = None,
+                 manifest: ckpt.Manifest | None = None) -> None:
+        """Tables live on ``job``'s servers (``models[t]`` governing table ``t``) when given,
+        else replicated on every worker. ``layout`` holds the embedding tables only.
+        ``manifest`` is the checkpoint to resume from."""
         self.config = config
         self.topo = topo
         self.comm = topo.role_comm
@@ -133,22 +209,6 @@ class Trainer:
         self.layout = layout or TableLayout.from_sizes(self.dataset.table_sizes,
                                                        config.model.embedding_dim)
         tc = config.train
-        torch.manual_seed(tc.seed)
-        self.model = DLRM(config.model, len(self.layout.specs)).to(topo.device)
-        self.tiered_stats = self.comm.Get_size() if config.tiering.budget > 0 else 0
-        self.dp = DataParallel(self.model, self.comm, extra=2 + self.tiered_stats)
-        optim_cls = torch.optim.SGD if tc.optimizer == "sgd" else torch.optim.Adagrad
-        self.optimizer = optim_cls(self.model.parameters(), lr=tc.lr)
-        sparse = SparseOptimizer(tc.optimizer)
-        self.client = job.client(sparse.state_width(self.layout.dim)) if job else None
-        self.tiered = self._tiered(sparse) if job else None
-        if self.tiered or self.client:
-            self.store = self.tiered or self.client
-        else:
-            self.store = ReplicatedTables(LocalTables(self.layout, sparse, tc.seed), self.comm)
-        self.embeddings = EmbeddingCollection(self.layout, self.store, topo.device)
-        self.warm_start_bytes = self._warm_start() if self.tiered else 0
-        self.prefetch = job is not None and config.ps.prefetch
         epoch = batches_per_epoch(self.dataset.num_samples("train"), tc.batch_size)
         self.steps = tc.steps or max(1, epoch // tc.accumulate)
         self.run = (RunDir(tc.run_dir or default_run_dir(), config)
@@ -156,9 +216,93 @@ class Trainer:
         if self.run and job:
             self.run.write_text("plan.json", job.plan.to_json())
         self.phase_s: dict[str, float] = defaultdict(float)
+        sc = config.sync
+        self.stragglers = Stragglers(self.comm.Get_rank(), sc.slow_workers, sc.slow_factor,
+                                     sc.straggle_probability, sc.straggle_factor,
+                                     sc.straggler_seed)
+        self.step_s: list[float] = []
+        self.store, self.dense_ps, self.prefetch = None, None, False
+        self.client, self.tiered, self.warm_start_bytes = None, None, 0
+        self.cadence = checkpointing.Cadence(config.checkpoint, self.comm)
+        self.start_step = 0
+        # tp/pp > 1: the dense model, its optimizer and the tables live in the parallel engine.
+        self.hybrid = ModelParallelDLRM(config, topo, self.dataset, self.layout) if (
+            wants_model_parallel(config.parallel)) else None
+        if self.hybrid is not None:
+            return
+        torch.manual_seed(tc.seed)
+        self.model = DLRM(config.model, len(self.layout.specs)).to(topo.device)
+        # with tiering, each worker's count of hot rows rides in the dense allreduce
+        self.hot_counts = self.comm.Get_size() if config.tiering.budget > 0 else 0
+        self.dp = DataParallel(self.model, self.comm, extra=2 + self.hot_counts)
+        self.optimizer = DenseOptimizer(self.model.parameters(), tc.optimizer)
+        self.job = job
+        sparse = SparseOptimizer(tc.optimizer)
+        if job:
+            self.store = self.client = job.client(models, sparse.state_width(self.layout.dim))
+            if config.ps.mode == "full":
+                self.dense_ps = DenseOnServers(self.dp.params, self.dp.flat, self.store,
+                                               job.layout)
+                if manifest is None:
+                    self.dense_ps.place_initial(self.comm)
+            self.tiered = self._tiered(sparse, models)
+            self.store = self.tiered or self.client
+        else:
+            self.store = ReplicatedTables(LocalTables(self.layout, sparse, tc.seed), self.comm)
+        self.embeddings = EmbeddingCollection(self.layout, self.store, topo.device)
+        self.prefetch = job is not None and config.ps.prefetch
+        if manifest is not None:
+            self._restore(manifest)
+        if self.tiered:
+            self.warm_start_bytes = self._warm_start()
 
-    def _tiered(self, sparse: SparseOptimizer) -> TieredStore | None:
-        """The hot tier over the servers' client, or None when the budget allows no row."""
+    # -- checkpoints -----------------------------------------------------------------------
+
+    def _restore(self, manifest: ckpt.Manifest) -> None:
+        """Dense state, rows held here, clock and data position from ``manifest``."""
+        checkpointing.read_dense(Path(manifest.path), self.dp.params, self.optimizer.state)
+        if isinstance(self.store, ReplicatedTables):
+            checkpointing.restore_rows(manifest, self.store.tables,
+                                       checkpointing.replicated_select)
+        else:
+            self.client.clock = manifest.step
+            if self.tiered:
+                self.tiered.step = manifest.step
+        self.start_step = manifest.step
+
+    def save_checkpoint(self, step: int) -> None:
+        """Checkpoint after ``step`` completed steps; collective over the world (the servers
+        join through their ``SAVE`` hook)."""
+        started = time.perf_counter()
+        folder = ckpt.step_dir(self.config.train.run_dir, step)
+        files = []
+        if self.tiered:  # the hot rows' current values go into the servers' shards
+            self.tiered.flush()
+        if self.client:
+            self.client.save()
+        if self.comm.Get_rank() == 0:
+            files.append(checkpointing.write_dense(folder, self.dp.params, self.optimizer.state))
+            if isinstance(self.store, ReplicatedTables):
+                tables = self.store.tables
+                files.append(ckpt.write_rows(folder / "tables.h5",
+                                             np.arange(len(tables.weight), dtype=np.int64),
+                                             tables.weight, tables.state))
+        manifest = None
+        if self.topo.rank == 0:
+            layout = self.job.layout if self.job else self.layout
+            manifest = checkpointing.new_manifest(
+                self.config, layout, step, self.topo.workers, self.topo.roles.servers,
+                self.job.plan.to_json() if self.job else "")
+        checkpointing.commit(self.topo.world, folder, files, manifest,
+                             self.config.checkpoint.keep)
+        seconds = time.perf_counter() - started
+        self.phase_s["checkpoint"] += seconds
+        self.cadence.saved(seconds)
+
+    def _tiered(self, sparse: SparseOptimizer,
+                models: list[SyncModel] | None) -> TieredStore | None:
+        """The hot tier over the servers' client, or None when the budget allows no row.
+        Hot rows keep the strictest staleness bound among the tables' sync models."""
         tc = self.config.tiering
         row = hot_row_bytes(self.layout.dim, sparse.state_width(self.layout.dim))
         capacity = hot_capacity(tc.budget, tc.budget_unit, self.layout.total_rows, row)
@@ -169,8 +313,10 @@ class Trainer:
             return None
         log.info("hot tier: %d of %d rows (%.1f MB per worker), %s", capacity,
                  self.layout.total_rows, capacity * row / 2**20, tc.policy)
+        bounds = [m.bound for m in models or [] if m.bound is not None]
+        staleness = min(bounds) if bounds else (None if models else 0)  # None: all ASP
         return TieredStore(self.layout, self.client, self.comm, sparse, tc, capacity,
-                           self.topo.device, staleness=BSP.bound)
+                           self.topo.device, staleness=staleness)
 
     def _warm_start(self) -> int:
         """Seed the hot set from the ids of the first ``tiering.prescan`` training samples,
@@ -194,8 +340,9 @@ class Trainer:
         return tc.lr * min(1.0, (step + 1) / tc.warmup_steps) if tc.warmup_steps else tc.lr
 
     def micro_batches(self) -> Iterator[tuple[int, Batch]]:
-        """(micro-batch index, this worker's slice) for every micro-batch of the run."""
-        for index in range(self.steps * self.config.train.accumulate):
+        """(micro-batch index, this worker's slice) for every micro-batch left to run."""
+        accumulate = self.config.train.accumulate
+        for index in range(self.start_step * accumulate, self.steps * accumulate):
             start = time.perf_counter()
             batch = self._read("train", index, self.config.train.batch_size)
             self.phase_s["data"] += time.perf_counter() - start
@@ -207,9 +354,15 @@ class Trainer:
 
         ``ahead`` holds the next micro-batch, read one early so its rows can be prefetched.
         """
+        if self.hybrid is not None:
+            return self._model_parallel_step(step)
         tc = self.config.train
         lookups: list[Lookup] = []
-        count, loss_sum = 0, 0.0
+        count, loss_sum, compute_s = 0, 0.0, 0.0
+        started = time.perf_counter()
+        if self.dense_ps:
+            self.dense_ps.pull()
+            self.phase_s["lookup"] += time.perf_counter() - started
         for _ in range(tc.accumulate):
             index, batch = ahead.pop() if ahead else next(batches)
             if self.prefetch:
@@ -226,13 +379,27 @@ class Trainer:
             loss = F.binary_cross_entropy_with_logits(logits, self._tensor(batch.labels),
                                                       reduction="sum")
             loss.backward()
+            compute_s += time.perf_counter() - t1
             self.phase_s["lookup"] += t1 - t0
-            self.phase_s["compute"] += time.perf_counter() - t1
             lookups.append(lookup)
             count += len(batch)
             loss_sum += loss.item()
+        self.phase_s["compute"] += compute_s
+        self.stragglers.delay(step, compute_s)
+        lr = self.learning_rate(step)
+        if self.dense_ps:
+            total, scale = tc.batch_size * tc.accumulate, 1.0 / (tc.batch_size * tc.accumulate)
+            t0 = time.perf_counter()
+            rows, grads = self.embeddings.gradients(lookups, scale)
+            dense_rows, dense_grads = self.dense_ps.gradients(scale)
+            self.store.push(np.concatenate([rows, dense_rows]),
+                            np.concatenate([grads, dense_grads]), lr)
+            self.dp.zero()
+            self.phase_s["push"] += time.perf_counter() - t0
+            self.step_s.append(time.perf_counter() - started)
+            return total, loss_sum / max(count, 1)
         t0 = time.perf_counter()
-        hot = np.zeros(self.tiered_stats)  # each worker's hot rows ride along (see expect)
+        hot = np.zeros(self.hot_counts)  # each worker's hot rows ride along (see expect)
         if self.tiered:
             hot[self.comm.Get_rank()] = self.tiered.hot_count(np.unique(np.concatenate(
                 [lk.rows for lk in lookups])))
@@ -242,20 +409,27 @@ class Trainer:
         scale = 1.0 / max(total, 1.0)
         self.dp.scale(scale)
         t1 = time.perf_counter()
-        lr = self.learning_rate(step)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        self.optimizer.step()
+        self.optimizer.step(lr)
         self.dp.zero()
         t2 = time.perf_counter()
         moving = self.tiered.stats.retier_s if self.tiered else 0.0
-        self.embeddings.push(lookups, scale, lr)
+        self.store.push(*self.embeddings.gradients(lookups, scale), lr)
         moved = (self.tiered.stats.retier_s - moving) if self.tiered else 0.0
         t3 = time.perf_counter()
         for phase, seconds in (("dense_sync", t1 - t0), ("optimizer", t2 - t1),
                                ("push", t3 - t2 - moved), ("retier", moved)):
             self.phase_s[phase] += seconds
+        self.step_s.append(t3 - started)
         return int(total), total_loss * scale
+
+    def _model_parallel_step(self, step: int) -> tuple[int, float]:
+        started = time.perf_counter()
+        samples, loss, data_s = self.hybrid.step(step, self.learning_rate(step))
+        elapsed = time.perf_counter() - started
+        self.phase_s["data"] += data_s
+        self.phase_s["compute"] += elapsed - data_s
+        self.step_s.append(elapsed - data_s)
+        return samples, loss
 
     def _read(self, split: str, index: int, global_batch: int) -> Batch:
         start, stop = local_slice(index, self.dataset.num_samples(split), global_batch,
@@ -271,6 +445,22 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         """Metrics over the whole eval split: each worker scores its contiguous part, then a
         ``Gatherv`` over the workers brings scores and labels to worker 0 (others get {})."""
+        if self.dense_ps:
+            self.dense_ps.pull()
+        probs, labels = self.hybrid.scores() if self.hybrid is not None else self._scores()
+        all_probs = gatherv(probs, self.comm)
+        all_labels = gatherv(labels, self.comm)
+        if all_probs is None:
+            return {}
+        return {"log_loss": metrics.log_loss(all_probs, all_labels),
+                "auc": metrics.auc(all_probs, all_labels),
+                "accuracy": metrics.accuracy(all_probs, all_labels),
+                "base_rate_log_loss": metrics.base_rate_log_loss(all_labels),
+                "samples": int(len(all_labels))}
+
+    @torch.no_grad()
+    def _scores(self) -> tuple[np.ndarray, np.ndarray]:
+        """Probabilities and labels of this worker's contiguous part of the eval split."""
         self.model.eval()
         n = self.dataset.num_samples("eval")
         lo, hi = shard_range(n, self.comm.Get_size(), self.comm.Get_rank())
@@ -285,15 +475,7 @@ class Trainer:
             probs.append(torch.sigmoid(logits).cpu().numpy())
             labels.append(batch.labels)
         self.model.train()
-        all_probs = gatherv(np.concatenate(probs), self.comm)
-        all_labels = gatherv(np.concatenate(labels), self.comm)
-        if all_probs is None:
-            return {}
-        return {"log_loss": metrics.log_loss(all_probs, all_labels),
-                "auc": metrics.auc(all_probs, all_labels),
-                "accuracy": metrics.accuracy(all_probs, all_labels),
-                "base_rate_log_loss": metrics.base_rate_log_loss(all_labels),
-                "samples": int(len(all_labels))}
+        return np.concatenate(probs), np.concatenate(labels)
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -306,7 +488,7 @@ class Trainer:
         batches, ahead = self.micro_batches(), []
         window_loss, window_n = 0.0, 0
         start = time.perf_counter()
-        for step in range(self.steps):
+        for step in range(self.start_step, self.steps):
             samples, loss = self.step(step, batches, ahead)
             summary.samples += samples
             window_loss, window_n = window_loss + loss, window_n + 1
@@ -322,6 +504,8 @@ class Trainer:
                 window_loss, window_n = 0.0, 0
             if tc.eval_every and done % tc.eval_every == 0 and done != self.steps:
                 self._log_eval(done)
+            if self.cadence.due(done, final=done == self.steps):
+                self.save_checkpoint(done)
         bar.close()
         summary.steps = self.steps
         summary.wall_s = time.perf_counter() - start
@@ -332,6 +516,7 @@ class Trainer:
             summary.peak_rss_mb = [f["peak_rss_mb"] for f in facts]
             summary.skipped_lines = sum(f["skipped"] for f in facts)
             summary.ps_clients = [f["client"] for f in facts if f["client"]]
+            summary.step_times = [f["step_times"] for f in facts]
             summary.tiering = [f["tiering"] for f in facts if f["tiering"]]
         return summary
 
@@ -356,7 +541,12 @@ class Trainer:
         return result
 
     def _rank_facts(self) -> dict[str, object]:
+        steps = np.array(self.step_s or [0.0])
+        times = {"mean": float(steps.mean()), "p50": float(np.percentile(steps, 50)),
+                 "p99": float(np.percentile(steps, 99)), "max": float(steps.max()),
+                 "straggler_sleep": self.stragglers.delayed_s}
         return {"peak_rss_mb": peak_rss_bytes() / 2**20, "skipped": self.dataset.skipped,
                 "client": self.client.stats.as_dict() if self.client else None,
+                "step_times": times,
                 "tiering": ({**self.tiered.report().as_dict(),
                              "warm_start_bytes": self.warm_start_bytes} if self.tiered else None)}

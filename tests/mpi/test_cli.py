@@ -97,3 +97,40 @@ def test_train_with_a_parameter_server_and_bench_it(tmp_path):
     for row in rows:
         assert 1.0 <= row["bytes_ratio"] <= 1.05 and row["rows_per_s"] > 0
         assert row["baseline_rows_per_s"] > 0 and row["servers"] == 2
+
+
+TINY = ["--set", "data.train_samples=6000", "--set", "data.eval_samples=600",
+        "--set", "data.table_sizes=[100, 1000, 30]", "--set", "train.batch_size=128",
+        "--set", "train.log_every=5"]
+
+
+def test_compare_sync_writes_a_table_a_summary_and_a_plot(tmp_path):
+    result = run_mpi([*HPCTRAIN, "compare-sync", "--models", "bsp,ssp:1,asp", *TINY,
+                      "--stragglers", "transient:0.2:2", "--out", str(tmp_path)], ranks=3,
+                     timeout=240)
+    assert result.returncode == 0, result.stdout
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [m["model"] for m in summary["models"]] == ["bsp", "ssp:1", "asp"]
+    for row in summary["models"]:
+        assert row["time_to_target_s"] is not None or "not reached" in result.stdout
+        assert 0.0 <= row["final_auc"] <= 1.0 and row["curve"]
+    assert summary["models"][0]["staleness_max"] == 0
+    assert summary["models"][1]["staleness_max"] <= 1
+    assert (tmp_path / "loss.png").stat().st_size > 10_000
+    assert (tmp_path / "ssp1" / "metrics.jsonl").exists()
+
+    never = run_mpi([*HPCTRAIN, "compare-sync", "--models", "bsp", *TINY, "--target-loss",
+                     "0.001", "--out", str(tmp_path / "never")], ranks=3, timeout=120)
+    assert never.returncode == 0 and "not reached" in never.stdout, never.stdout
+
+
+def test_compare_sync_bad_input_exits_2_with_one_line():
+    for args, words in ((["--models", "bsp,fast"], "unknown sync model 'fast'"),
+                        (["--models", "ssp:-1"], "non-negative integer"),
+                        (["--models", "ssp:1.5"], "non-negative integer"),
+                        (["--stragglers", "persistent:5:3"], "sync.slow_workers names worker 5"),
+                        (["--stragglers", "sometimes"], "--stragglers 'sometimes'")):
+        result = run_mpi([*HPCTRAIN, "compare-sync", *args], ranks=3, timeout=60)
+        assert result.returncode == 2, (args, result.stdout)
+        lines = result.stdout.strip().splitlines()
+        assert len(lines) == 1 and words in lines[0], (args, result.stdout)

@@ -24,7 +24,7 @@ SETUP = textwrap.dedent("""
         layout = TableLayout.from_sizes([10, 10], 4)
         job = PSJob.create(topo.world, topo.roles, layout, config.ps, 0)
         if not topo.is_worker:
-            job.serve(SparseOptimizer(), 0, BSP)
+            job.serve(SparseOptimizer(), 0, [BSP] * 2)
             return
         client = job.client()
         client.pull(np.arange(20))

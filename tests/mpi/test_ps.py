@@ -48,7 +48,7 @@ def test_no_lost_updates_and_bad_ids(mpi_ranks):
     """SGD with lr 1: every pull sees the initial rows minus every earlier pushed gradient."""
     _, topo, layout, job = worlds(mpi_ranks, "row_hash" if mpi_ranks == 4 else "auto")
     if not topo.is_worker:
-        stats = job.serve(SparseOptimizer("sgd"), SEED, BSP)
+        stats = job.serve(SparseOptimizer("sgd"), SEED, [BSP] * len(SIZES))
         assert topo.role_comm.allreduce(stats.errors) == 1 and stats.pushes > 5
         return
     client, me = job.client(), topo.worker_rank
@@ -98,7 +98,7 @@ def test_hybrid_training_equals_replicated(mpi_ranks, tmp_path):
     layout = TableLayout.from_sizes(config.data.table_sizes, 8)
     job = PSJob.create(topo.world, topo.roles, layout, config.ps, config.train.seed)
     if not topo.is_worker:
-        job.serve(SparseOptimizer("sgd"), config.train.seed, BSP)
+        job.serve(SparseOptimizer("sgd"), config.train.seed, [BSP] * 4)
         return
     trainer = Trainer(config, topo, layout=layout, job=job)
     trainer.fit()

@@ -52,10 +52,10 @@ def tiered_rounds(topo, layout, servers, capacity, examples, kind="sgd", stalene
     job = PSJob.create(topo.world, topo.roles, layout, config.ps, SEED)
     optimizer, lr = SparseOptimizer(kind), (1.0 if kind == "sgd" else 0.1)
     if not topo.is_worker:
-        job.serve(optimizer, SEED, BSP)
+        job.serve(optimizer, SEED, [BSP] * len(SIZES))
         return None
     workers, me = topo.workers, topo.worker_rank
-    client = job.client(optimizer.state_width(DIM))
+    client = job.client(state_width=optimizer.state_width(DIM))
     store = TieredStore(layout, client, topo.role_comm, optimizer, tiering, capacity,
                         torch.device("cpu"), staleness)
     reference = LocalTables(layout, optimizer, SEED)
@@ -122,12 +122,12 @@ def test_no_update_lost_or_doubled_through_promotions_and_demotions(mpi_ranks):
     servers = mpi_ranks - 2
     topo = build_topology(load_config(overrides=[f"ps.servers={servers}"]))
     layout = TableLayout.from_sizes(SIZES, DIM)
-    small = tiered_rounds(topo, layout, servers, capacity=6, examples=25)
-    large = tiered_rounds(topo, layout, servers, capacity=40, examples=25)
-    tiered_rounds(topo, layout, servers, capacity=20, examples=25, kind="adagrad")
+    small = tiered_rounds(topo, layout, servers, capacity=6, examples=20)
+    large = tiered_rounds(topo, layout, servers, capacity=40, examples=20)
+    tiered_rounds(topo, layout, servers, capacity=20, examples=20, kind="adagrad")
     tiered_rounds(topo, layout, servers, capacity=20, examples=30, staleness=2,
                   tiering=dataclasses.replace(CHURN, interval=7))
-    tiered_rounds(topo, layout, servers, capacity=layout.total_rows, examples=10)
+    tiered_rounds(topo, layout, servers, capacity=layout.total_rows, examples=8)
     if topo.is_worker:
         assert small.stats.dense_syncs > 0 and large.stats.sparse_syncs > 0
 
@@ -154,7 +154,7 @@ def test_tiered_training_equals_untiered(mpi_ranks, tmp_path):
     layout = TableLayout.from_sizes(config.data.table_sizes, 8)
     job = PSJob.create(topo.world, topo.roles, layout, config.ps, config.train.seed)
     if not topo.is_worker:
-        job.serve(SparseOptimizer("sgd"), config.train.seed, BSP)
+        job.serve(SparseOptimizer("sgd"), config.train.seed, [BSP] * 4)
         return
     trainer = Trainer(config, topo, layout=layout, job=job)
     summary = trainer.fit()

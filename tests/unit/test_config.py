@@ -28,6 +28,9 @@ def test_defaults_are_the_embedded_job():
     ("model.bottom_mlp=[8, 4]", ["model.bottom_mlp", "embedding_dim=16"]),
     ("data.source=criteo", ["data.paths", "needs at least one"]),
     ("train", ["section.key=value"]),
+    ("parallel.schedule=zb", ["parallel.schedule", "'gpipe', '1f1b'"]),
+    ("parallel.backend=nccl", ["parallel.backend", "'auto', 'mpi', 'torch'"]),
+    ("parallel.pp=5", ["parallel.pp = 5", "at most 4 stages"]),
 ])
 def test_bad_overrides_name_the_key(override, words):
     with pytest.raises(ConfigError) as info:
@@ -89,3 +92,16 @@ def test_every_key_is_documented_in_readme():
 
 def test_default_job_file_matches_embedded_default():
     assert load_config(ROOT / "jobs" / "configs" / "default.toml") == JobConfig()
+
+
+@pytest.mark.parametrize("overrides, words", [
+    (["parallel.pp=3", "parallel.stage_cuts=[1]"], ["parallel.stage_cuts", "need 2 cuts"]),
+    (["parallel.pp=3", "parallel.stage_cuts=[2, 1]"], ["must increase"]),
+    (["parallel.pp=2", "parallel.stage_cuts=[3]"], ["below the 3 layers"]),
+])
+def test_stage_cuts_are_checked(overrides, words):
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=overrides)
+    for word in words:
+        assert word in str(info.value)
+    assert load_config(overrides=["parallel.pp=3", "parallel.stage_cuts=[0, 2]"])

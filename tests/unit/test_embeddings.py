@@ -90,7 +90,7 @@ def test_collection_gradients_equal_dense_embedding_bags():
     np.testing.assert_allclose(lookup.grads(), dense_grad[lookup.rows], rtol=1e-6)
 
     before = tables.weight.copy()
-    collection.push([lookup], scale=1.0, lr=0.5)
+    tables.push(*collection.gradients([lookup], scale=1.0), lr=0.5)
     np.testing.assert_allclose(tables.weight, before - 0.5 * dense_grad, rtol=1e-6, atol=1e-7)
 
 

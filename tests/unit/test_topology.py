@@ -6,7 +6,14 @@ from hypothesis import strategies as st
 
 from hpctrain.data.sharding import batches_per_epoch, local_slice
 from hpctrain.errors import ConfigError
-from hpctrain.runtime.topology import assign_roles, shard_range, threads_per_rank
+from hpctrain.runtime.topology import (
+    Grid,
+    assign_roles,
+    make_grid,
+    place_grid,
+    shard_range,
+    threads_per_rank,
+)
 
 
 def test_roles_put_servers_last():
@@ -44,3 +51,50 @@ def test_threads_divide_the_node():
     assert threads_per_rank(16, 4) == 4
     assert threads_per_rank(2, 4) == 1
     assert threads_per_rank(16, 4, requested=3) == 3
+
+
+@given(st.integers(1, 4), st.integers(1, 4), st.integers(1, 4))
+def test_grid_groups_partition_the_positions(dp, tp, pp):
+    grid = make_grid(dp * tp * pp, tp, pp)
+    assert (grid.dp, grid.size) == (dp, dp * tp * pp)
+    for groups, size, axis in ((grid.tensor_groups(), tp, 2), (grid.pipeline_groups(), pp, 1),
+                               (grid.data_groups(), dp, 0)):
+        assert sorted(p for g in groups for p in g) == list(range(grid.size))
+        for group in groups:
+            assert len(group) == size
+            coords = [grid.coords(p) for p in group]
+            # members differ only on their axis, and are ranked by it
+            assert [c[axis] for c in coords] == list(range(size))
+            assert len({tuple(v for i, v in enumerate(c) if i != axis) for c in coords}) == 1
+    assert all(grid.position(*grid.coords(p)) == p for p in range(grid.size))
+
+
+def test_grid_order_is_tensor_fastest_then_data_then_pipeline():
+    grid = Grid(dp=2, tp=2, pp=2)
+    assert grid.tensor_groups() == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert grid.data_groups() == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert grid.pipeline_groups() == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert grid.coords(5) == (0, 1, 1)
+
+
+@pytest.mark.parametrize("workers, tp, pp, dp, words", [
+    (6, 4, 1, 0, ["6 worker ranks", "tp = 4 x pp = 1 = 4"]),
+    (4, 1, 3, 0, ["4 worker ranks", "pp = 3"]),
+    (8, 2, 2, 3, ["dp = 3 x tp = 2 x pp = 2 = 12", "8 worker ranks"]),
+    (4, 0, 1, 0, ["tp = 0"]),
+])
+def test_an_invalid_grid_names_its_sizes(workers, tp, pp, dp, words):
+    with pytest.raises(ConfigError) as info:
+        make_grid(workers, tp, pp, dp)
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_tensor_groups_stay_inside_nodes_when_the_layout_allows():
+    grid = Grid(dp=2, tp=2, pp=1)
+    # ranks placed round-robin over two nodes (0, 1, 0, 1): sort by node first
+    order, local = place_grid(grid, [0, 1, 0, 1])
+    assert order == [0, 2, 1, 3] and local
+    assert place_grid(grid, [0, 0, 0, 0]) == ([0, 1, 2, 3], True)
+    # three ranks on one node, one on another: some tensor group must span nodes
+    assert place_grid(grid, [0, 0, 0, 3])[1] is False

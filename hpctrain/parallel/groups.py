@@ -1,0 +1,182 @@
+"""The two :class:`~hpctrain.parallel.types.Group` backends and their choice from the grid.
+
+- :class:`MPIGroup`: an MPI communicator; sums use the toolkit's collective
+  (:func:`hpctrain.comm.native.allreduce_sum`), the rest MPI calls on host buffers (a CUDA
+  tensor is staged through the host, which is why ``parallel.backend = "auto"`` picks torch
+  on CUDA).
+- :class:`TorchGroup`: a torch.distributed group (NCCL on CUDA, gloo on CPU) whose tensors
+  never leave their device. These are tensor-level collectives on one grid axis, beside the
+  buffer-level ones of :mod:`hpctrain.comm`, because NCCL needs device tensors and a stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+
+from hpctrain.comm.native import allgatherv, allreduce_sum
+from hpctrain.parallel.types import Group, Pending
+from hpctrain.runtime.world import GridComms
+
+__all__ = ["MPIGroup", "TorchGroup", "ParallelGroups", "parallel_groups"]
+
+_MPI_OPS = {"sum": MPI.SUM, "max": MPI.MAX}
+_TORCH_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
+
+
+class _HostRecv:
+    """An ``MPI_Irecv`` into a host buffer, copied into the device tensor on ``wait``."""
+
+    def __init__(self, request: MPI.Request, host: np.ndarray, target: torch.Tensor) -> None:
+        self.request, self.host, self.target = request, host, target
+
+    def wait(self) -> None:
+        self.request.Wait()
+        self.target.copy_(torch.from_numpy(self.host))
+
+
+class _MPIRequest:
+    """An ``MPI_Isend``/``MPI_Irecv`` holding its host buffer until ``wait``."""
+
+    def __init__(self, request: MPI.Request, host: np.ndarray) -> None:
+        self.request, self.host = request, host
+
+    def wait(self) -> None:
+        self.request.Wait()
+
+
+class MPIGroup(Group):
+    """A group over an MPI communicator (rank = communicator rank)."""
+
+    def __init__(self, comm: MPI.Intracomm) -> None:
+        self.comm = comm
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """``MPI_Allreduce`` in place (sum through :func:`allreduce_sum`)."""
+        if self.size == 1:
+            return tensor
+        host = _host(tensor)
+        if op == "sum":
+            allreduce_sum(host, self.comm)
+        else:
+            self.comm.Allreduce(MPI.IN_PLACE, host, op=_MPI_OPS[op])
+        return _back(tensor, host)
+
+    def all_gather(self, tensor: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
+        """``MPI_Allgatherv`` of the last dimension (moved to the front for the call)."""
+        if self.size == 1:
+            return tensor
+        front = tensor.detach().movedim(-1, 0).contiguous().cpu().numpy()
+        out = torch.from_numpy(allgatherv(front, self.comm)).movedim(0, -1)
+        return out.to(tensor.device).contiguous()
+
+    def broadcast(self, tensor: torch.Tensor, root: int) -> torch.Tensor:
+        """``MPI_Bcast`` in place."""
+        if self.size == 1:
+            return tensor
+        host = _host(tensor)
+        self.comm.Bcast(host, root=root)
+        return _back(tensor, host)
+
+    def post(self, sends: Sequence[tuple[torch.Tensor, int]],
+             recvs: Sequence[tuple[torch.Tensor, int]]) -> list[Pending]:
+        """``MPI_Isend``/``MPI_Irecv``; one tag suffices since between two stages
+        activations flow one way and gradients the other."""
+        pending: list[Pending] = []
+        for tensor, peer in sends:
+            host = np.ascontiguousarray(tensor.detach().cpu().numpy())
+            pending.append(_MPIRequest(self.comm.Isend(host, dest=peer), host))
+        for tensor, peer in recvs:
+            if tensor.device.type == "cpu" and tensor.is_contiguous():
+                host = tensor.numpy()
+                pending.append(_MPIRequest(self.comm.Irecv(host, source=peer), host))
+            else:
+                host = np.empty(tuple(tensor.shape), dtype=np.float32)
+                pending.append(_HostRecv(self.comm.Irecv(host, source=peer), host, tensor))
+        return pending
+
+
+class TorchGroup(Group):
+    """A torch.distributed group; ``ranks[i]`` is the torch rank of group rank ``i``.
+
+    Construction is collective over the members: one ``all_reduce``, because torch asks that
+    a group's first call involve every member before it carries batched point-to-point
+    traffic (NCCL creates its communicator then).
+    """
+
+    def __init__(self, group: dist.ProcessGroup, ranks: Sequence[int]) -> None:
+        self.group, self.ranks = group, list(ranks)
+        self.rank, self.size = self.ranks.index(dist.get_rank()), len(self.ranks)
+        nccl = dist.get_backend(group) == "nccl"
+        device = torch.device("cuda", torch.cuda.current_device()) if nccl else None
+        self.all_reduce(torch.zeros(1, device=device))
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """``all_reduce`` on the group, on the tensor's device."""
+        if self.size > 1:
+            dist.all_reduce(tensor, op=_TORCH_OPS[op], group=self.group)
+        return tensor
+
+    def all_gather(self, tensor: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
+        """``all_gather`` of the last dimension padded to the largest share, then trimmed."""
+        if self.size == 1:
+            return tensor
+        width = max(sizes)
+        padded = torch.nn.functional.pad(tensor.detach(), (0, width - tensor.shape[-1]))
+        parts = [torch.empty_like(padded) for _ in range(self.size)]
+        dist.all_gather(parts, padded.contiguous(), group=self.group)
+        return torch.cat([p[..., :n] for p, n in zip(parts, sizes, strict=True)], dim=-1)
+
+    def broadcast(self, tensor: torch.Tensor, root: int) -> torch.Tensor:
+        """``broadcast`` from group rank ``root``."""
+        if self.size > 1:
+            dist.broadcast(tensor, src=self.ranks[root], group=self.group)
+        return tensor
+
+    def post(self, sends: Sequence[tuple[torch.Tensor, int]],
+             recvs: Sequence[tuple[torch.Tensor, int]]) -> list[Pending]:
+        """One ``batch_isend_irecv`` (an NCCL group call on CUDA) of all transfers."""
+        ops = [dist.P2POp(dist.isend, t.detach().contiguous(), self.ranks[peer], self.group)
+               for t, peer in sends]
+        ops += [dist.P2POp(dist.irecv, t, self.ranks[peer], self.group) for t, peer in recvs]
+        return list(dist.batch_isend_irecv(ops)) if ops else []
+
+
+@dataclass
+class ParallelGroups:
+    """This rank's groups on the three axes of the grid: tensor and pipeline traffic through
+    :class:`Group`, gradient averaging over the ``data`` MPI communicator."""
+
+    tensor: Group
+    pipeline: Group
+    data: MPI.Intracomm
+
+
+def parallel_groups(grid: GridComms) -> ParallelGroups:
+    """Groups of ``grid``: torch.distributed ones when the grid has them, else MPI.
+    Collective over the grid (see :class:`TorchGroup`)."""
+    if grid.torch_groups is None:
+        return ParallelGroups(MPIGroup(grid.comms["tensor"]), MPIGroup(grid.comms["pipeline"]),
+                              grid.comms["data"])
+    tg = grid.torch_groups
+    return ParallelGroups(TorchGroup(*tg["tensor"]), TorchGroup(*tg["pipeline"]),
+                          grid.comms["data"])
+
+
+def _host(tensor: torch.Tensor) -> np.ndarray:
+    """A contiguous host array sharing memory with ``tensor`` when it can."""
+    if tensor.device.type == "cpu" and tensor.is_contiguous():
+        return tensor.detach().numpy()
+    return np.ascontiguousarray(tensor.detach().cpu().numpy())
+
+
+def _back(tensor: torch.Tensor, host: np.ndarray) -> torch.Tensor:
+    if tensor.device.type != "cpu" or not tensor.is_contiguous():
+        tensor.copy_(torch.from_numpy(host))
+    return tensor

@@ -1,0 +1,48 @@
+"""Straggler injection for experiments, deterministic by seed.
+
+- persistent: the listed workers always take ``factor`` times as long per step;
+- transient: each (worker, step) is delayed by ``factor`` with probability ``probability``.
+
+A delayed step sleeps ``(factor - 1)`` times the forward/backward time it just measured
+(never the time spent waiting for others, which would compound), so the worker looks slower
+without stealing a core from the others (as a slow node would).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from hpctrain.runtime import rng
+
+__all__ = ["Stragglers"]
+
+
+class Stragglers:
+    def __init__(self, worker: int, slow_workers: Sequence[int] = (), slow_factor: float = 1.0,
+                 probability: float = 0.0, delay_factor: float = 1.0, seed: int = 0) -> None:
+        self.worker = worker
+        self.persistent = slow_factor if worker in slow_workers else 1.0
+        self.probability = probability
+        self.delay_factor = delay_factor
+        self.seed = seed
+        self.delayed_s = 0.0
+
+    @property
+    def active(self) -> bool:
+        return self.persistent > 1.0 or (self.probability > 0.0 and self.delay_factor > 1.0)
+
+    def factor(self, step: int) -> float:
+        """How many times slower this worker's ``step`` is."""
+        key = np.array([(self.worker << 40) + step], dtype=np.uint64)
+        hit = rng.uniform(key, self.seed + 0x57A6)[0] < self.probability
+        return self.persistent * (self.delay_factor if hit else 1.0)
+
+    def delay(self, step: int, compute_s: float) -> None:
+        """Sleep so that a step of ``compute_s`` seconds takes ``factor(step)`` times that."""
+        extra = (self.factor(step) - 1.0) * compute_s
+        if extra > 0:
+            time.sleep(extra)
+            self.delayed_s += extra

@@ -1,0 +1,232 @@
+"""Checkpoints in HDF5: per-holder row files, the dense state, and a manifest that commits.
+
+Layout of ``RUN_DIR/checkpoints/step-00000200/``:
+
+- ``dense.h5`` (worker 0): the dense parameters (``param/<i>``), the dense optimizer state
+  (``optim/<i>``) and torch's RNG state;
+- ``tables.h5`` (worker 0, replicated tables) or ``shard-<s>.h5`` (server ``s``): row files.
+  Each holds ``rows`` (int64 global row ids), ``weight`` (float32 [n, dim]) and ``state``
+  (float32 [n, optimizer state width]); any holder can load any file, so a checkpoint restores
+  onto another number of workers or servers (rows are re-partitioned by the new plan);
+- ``manifest.h5``: format and version, step, the resolved config (TOML), the sharding plan,
+  roles, clocks, every file's size and SHA-256. World rank 0 writes it last.
+
+Every file is written to a temporary name, flushed, fsynced, then renamed; the manifest's
+rename is the commit point. A crash or a full disk mid-write leaves the previous checkpoint
+complete and loadable; resume takes the newest directory whose manifest exists and whose
+checksums match. Nothing is loaded with pickle: HDF5 datasets and attributes only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from hpctrain.errors import CheckpointError
+
+__all__ = ["FORMAT", "VERSION", "Manifest", "FileEntry", "step_dir", "write_atomic",
+           "write_rows", "read_rows", "write_manifest", "read_manifest", "latest", "prune",
+           "young_daly_s"]
+
+FORMAT = "hpctrain-checkpoint"
+VERSION = 1
+_CHUNK_ROWS = 1 << 18
+_STEP_PREFIX = "step-"
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    name: str
+    bytes: int
+    sha256: str
+    rows: int = 0
+
+
+@dataclass
+class Manifest:
+    step: int
+    config_toml: str
+    workers: int
+    servers: int
+    shape: dict[str, str] = field(default_factory=dict)
+    """What must match on resume (table sizes, dims, optimizer, mode), as text."""
+    files: list[FileEntry] = field(default_factory=list)
+    plan_json: str = ""
+    created: float = 0.0
+    path: str = ""  # where it was read from (not stored)
+
+    def file(self, name: str) -> FileEntry | None:
+        return next((f for f in self.files if f.name == name), None)
+
+    def row_files(self) -> list[str]:
+        return [f.name for f in self.files if f.name != "dense.h5"]
+
+
+def step_dir(run_dir: str | os.PathLike[str], step: int) -> Path:
+    return Path(run_dir) / "checkpoints" / f"{_STEP_PREFIX}{step:08d}"
+
+
+def write_atomic(path: Path, fill: Callable[[h5py.File], None], rows: int = 0) -> FileEntry:
+    """Write an HDF5 file through a temporary name, fsync it, rename it into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with h5py.File(tmp, "w") as f:
+            fill(f)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise CheckpointError(f"cannot write checkpoint file {path}: {exc.strerror or exc}; "
+                              f"the previous checkpoint is intact") from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return FileEntry(path.name, path.stat().st_size, _sha256(path), rows)
+
+
+def write_rows(path: Path, rows: np.ndarray, weight: np.ndarray, state: np.ndarray) -> FileEntry:
+    """A row file: global ``rows`` with their ``weight`` and optimizer ``state``."""
+
+    def fill(f: h5py.File) -> None:
+        f.attrs["format"] = FORMAT
+        f.attrs["kind"] = "rows"
+        for name, data in (("rows", rows), ("weight", weight), ("state", state)):
+            f.create_dataset(name, data=data, chunks=True if data.size else None)
+
+    return write_atomic(path, fill, rows=len(rows))
+
+
+def read_rows(folder: Path, names: Sequence[str]) -> Iterator[tuple[np.ndarray, np.ndarray,
+                                                                    np.ndarray]]:
+    """(rows, weight, state) chunks of the row files ``names`` in ``folder``."""
+    for name in names:
+        path = folder / name
+        try:
+            with h5py.File(path, "r") as f:
+                n = f["rows"].shape[0]
+                for lo in range(0, n, _CHUNK_ROWS):
+                    hi = min(n, lo + _CHUNK_ROWS)
+                    yield f["rows"][lo:hi], f["weight"][lo:hi], f["state"][lo:hi]
+        except (OSError, KeyError) as exc:
+            raise CheckpointError(f"checkpoint row file {path} is unreadable: {exc}") from None
+
+
+def write_manifest(folder: Path, manifest: Manifest) -> None:
+    """Write ``manifest.h5`` last: its rename commits the checkpoint."""
+
+    def fill(f: h5py.File) -> None:
+        f.attrs["format"] = FORMAT
+        f.attrs["version"] = VERSION
+        f.attrs["step"] = manifest.step
+        f.attrs["workers"] = manifest.workers
+        f.attrs["servers"] = manifest.servers
+        f.attrs["created"] = time.time()
+        f.attrs["config_toml"] = manifest.config_toml
+        f.attrs["plan_json"] = manifest.plan_json
+        shape = f.create_group("shape")
+        for key, value in manifest.shape.items():
+            shape.attrs[key] = value
+        group = f.create_group("files")
+        for entry in manifest.files:
+            item = group.create_group(entry.name)
+            item.attrs["bytes"] = entry.bytes
+            item.attrs["sha256"] = entry.sha256
+            item.attrs["rows"] = entry.rows
+
+    write_atomic(folder / "manifest.h5", fill)
+
+
+def read_manifest(folder: Path, verify: bool = True) -> Manifest:
+    """The manifest of the checkpoint in ``folder``; with ``verify``, every listed file must
+    exist with its recorded size and SHA-256."""
+    path = folder / "manifest.h5"
+    try:
+        with h5py.File(path, "r") as f:
+            if f.attrs.get("format") != FORMAT:
+                raise CheckpointError(f"{path} is not an hpctrain checkpoint manifest")
+            if int(f.attrs.get("version", -1)) != VERSION:
+                raise CheckpointError(f"{path}: checkpoint format version "
+                                      f"{f.attrs.get('version')} is not {VERSION}")
+            manifest = Manifest(
+                step=int(f.attrs["step"]), config_toml=str(f.attrs["config_toml"]),
+                workers=int(f.attrs["workers"]), servers=int(f.attrs["servers"]),
+                plan_json=str(f.attrs["plan_json"]), created=float(f.attrs["created"]),
+                shape={k: str(v) for k, v in f["shape"].attrs.items()},
+                files=[FileEntry(name, int(g.attrs["bytes"]), str(g.attrs["sha256"]),
+                                 int(g.attrs["rows"])) for name, g in f["files"].items()],
+                path=str(folder))
+    except CheckpointError:
+        raise
+    except (OSError, KeyError) as exc:
+        raise CheckpointError(f"{path} is missing, truncated or not a checkpoint manifest "
+                              f"({exc})") from None
+    if verify:
+        for entry in manifest.files:
+            file = folder / entry.name
+            if not file.exists() or file.stat().st_size != entry.bytes or \
+                    _sha256(file) != entry.sha256:
+                raise CheckpointError(f"checkpoint file {file} is missing or does not match "
+                                      f"its checksum in {path}")
+    return manifest
+
+
+def latest(run_dir: str | os.PathLike[str]) -> Manifest:
+    """The newest complete, intact checkpoint under ``run_dir`` (older ones are tried when a
+    newer one fails verification)."""
+    root = Path(run_dir) / "checkpoints"
+    candidates = sorted(root.glob(f"{_STEP_PREFIX}*"), reverse=True) if root.is_dir() else []
+    problems = []
+    for folder in candidates:
+        if not (folder / "manifest.h5").exists():
+            continue
+        try:
+            return read_manifest(folder)
+        except CheckpointError as exc:
+            problems.append(str(exc))
+    detail = f" ({'; '.join(problems)})" if problems else ""
+    raise CheckpointError(f"no complete checkpoint under {root}{detail}")
+
+
+def prune(run_dir: str | os.PathLike[str], keep: int) -> None:
+    """Delete all but the ``keep`` newest complete checkpoints (and older incomplete ones)."""
+    root = Path(run_dir) / "checkpoints"
+    folders = sorted(root.glob(f"{_STEP_PREFIX}*"), reverse=True)
+    complete = [f for f in folders if (f / "manifest.h5").exists()]
+    if len(complete) <= keep:
+        return
+    oldest_kept = complete[keep - 1]
+    for folder in folders:
+        if folder < oldest_kept:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def young_daly_s(write_s: float, mtbf_hours: float) -> float:
+    """Optimal checkpoint interval sqrt(2 x write time x MTBF) (Young 1974, Daly 2006)."""
+    return (2.0 * write_s * mtbf_hours * 3600.0) ** 0.5
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

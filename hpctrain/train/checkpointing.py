@@ -1,0 +1,210 @@
+"""When to checkpoint, who writes what, and how a run resumes from it.
+
+A checkpoint is taken at a step boundary that every worker reaches (after its push of that
+step). Workers with parameter servers send ``SAVE`` to every server; each server writes its
+shard once all workers asked (their pushes are applied by then). Worker 0 writes the dense
+state (and, with replicated tables, all rows). Everyone then joins :func:`commit`, a gather
+over the world to rank 0, which writes the manifest (the commit point) and prunes old
+checkpoints. Format and atomicity: :mod:`hpctrain.train.checkpoint`.
+
+Resume restores rows into whatever holds them now (replicas, or servers under a new plan),
+dense parameters and optimizer state, the clocks and the data position (step), so that a
+deterministic run continues bitwise as if never interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+import h5py
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from embeddings.sharding import Placement
+from embeddings.tables import LocalTables, TableLayout
+from hpctrain.config import CheckpointConfig, JobConfig, dump_toml
+from hpctrain.errors import CheckpointError
+from hpctrain.runtime.waits import Wait, wait_all
+from hpctrain.train import checkpoint as ckpt
+
+__all__ = ["Cadence", "shape_of", "check_compatible", "commit", "write_dense", "read_dense",
+           "restore_rows", "server_hooks"]
+
+log = logging.getLogger(__name__)
+
+_AGREE_EVERY = 10  # steps between time-based decisions (one small bcast each)
+
+
+class Cadence:
+    """Decides, identically on every worker, whether a step ends with a checkpoint."""
+
+    def __init__(self, config: CheckpointConfig, comm: MPI.Intracomm) -> None:
+        self.config = config
+        self.comm = comm
+        self.last = time.monotonic()
+        self.write_s: float | None = None
+
+    @property
+    def enabled(self) -> bool:
+        c = self.config
+        return bool(c.every_steps or c.every_minutes or c.mtbf_hours or c.at_end)
+
+    def interval_s(self) -> float | None:
+        """Seconds between time-based checkpoints (the Young-Daly interval once a write
+        time has been measured; 0 before that, to measure one)."""
+        c = self.config
+        choices = []
+        if c.every_minutes:
+            choices.append(c.every_minutes * 60.0)
+        if c.mtbf_hours:
+            choices.append(0.0 if self.write_s is None else ckpt.young_daly_s(self.write_s,
+                                                                              c.mtbf_hours))
+        return min(choices) if choices else None
+
+    def due(self, done: int, final: bool) -> bool:
+        """Whether step ``done`` (completed steps) checkpoints. Time-based decisions are
+        worker 0's, broadcast over the workers every few steps."""
+        c = self.config
+        if (final and c.at_end) or (c.every_steps and done % c.every_steps == 0):
+            return True
+        interval = self.interval_s()
+        if interval is None or done % _AGREE_EVERY:
+            return False
+        return bool(self.comm.bcast(time.monotonic() - self.last >= interval, root=0))
+
+    def saved(self, seconds: float) -> None:
+        self.last = time.monotonic()
+        self.write_s = seconds
+        if self.config.mtbf_hours:
+            log.info("checkpoint written in %.2f s; Young-Daly interval %.0f s", seconds,
+                     self.interval_s())
+
+
+def shape_of(config: JobConfig, layout: TableLayout) -> dict[str, str]:
+    """What a checkpoint and the job restoring it must agree on."""
+    m = config.model
+    return {"table_sizes": json.dumps([int(n) for n in layout.sizes]),
+            "model.embedding_dim": str(m.embedding_dim), "model.bottom_mlp": str(m.bottom_mlp),
+            "model.top_mlp": str(m.top_mlp), "train.optimizer": config.train.optimizer,
+            "ps.mode": config.ps.mode if config.ps.servers else "replicated"}
+
+
+def check_compatible(manifest: ckpt.Manifest, config: JobConfig, layout: TableLayout) -> None:
+    mine = shape_of(config, layout)
+    for key, value in manifest.shape.items():
+        ours = mine.get(key)
+        compatible = ours == value or (key == "ps.mode" and "full" not in (ours, value))
+        if not compatible:
+            raise CheckpointError(f"checkpoint {manifest.path} was made with {key} = {value}; "
+                                  f"this job has {ours}")
+
+
+def commit(world: MPI.Intracomm, folder: Path, files: list[ckpt.FileEntry],
+           manifest: ckpt.Manifest | None, keep: int) -> None:
+    """Gather every rank's written files to world rank 0 (``gather`` over ``world``), which
+    writes the manifest (the commit point) and prunes; ``manifest`` is rank 0's."""
+    wait_all([world.Ibarrier()], Wait("save", world))  # the watchdog names a missing rank
+    everything = world.gather([asdict(f) for f in files], root=0)
+    if world.Get_rank() != 0:
+        return
+    manifest.files = [ckpt.FileEntry(**f) for part in everything for f in part]
+    ckpt.write_manifest(folder, manifest)
+    ckpt.prune(folder.parent.parent, keep)
+
+
+def write_dense(folder: Path, params: list[torch.Tensor],
+                optim_state: list[torch.Tensor]) -> ckpt.FileEntry:
+    def fill(f: h5py.File) -> None:
+        f.attrs["format"] = ckpt.FORMAT
+        f.attrs["kind"] = "dense"
+        for i, p in enumerate(params):
+            f.create_dataset(f"param/{i}", data=p.detach().cpu().numpy())
+        for i, s in enumerate(optim_state):
+            f.create_dataset(f"optim/{i}", data=s.detach().cpu().numpy())
+        f.create_dataset("torch_rng", data=torch.get_rng_state().numpy())
+
+    return ckpt.write_atomic(folder / "dense.h5", fill)
+
+
+def read_dense(folder: Path, params: list[torch.Tensor],
+               optim_state: list[torch.Tensor]) -> None:
+    path = folder / "dense.h5"
+    try:
+        with h5py.File(path, "r") as f, torch.no_grad():
+            for i, p in enumerate(params):
+                p.copy_(torch.from_numpy(f[f"param/{i}"][()]))
+            for i, s in enumerate(optim_state):
+                s.copy_(torch.from_numpy(f[f"optim/{i}"][()]))
+            torch.set_rng_state(torch.from_numpy(f["torch_rng"][()]))
+    except (OSError, KeyError, TypeError, RuntimeError) as exc:
+        raise CheckpointError(f"checkpoint file {path} does not fit this model: {exc}") from None
+
+
+def restore_rows(manifest: ckpt.Manifest, tables: LocalTables,
+                 select: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]) -> int:
+    """Copy the checkpoint's rows that ``select`` keeps into ``tables``; ``select(rows)``
+    gives (mask of rows held here, their slots). Returns the rows restored."""
+    folder, restored = Path(manifest.path), 0
+    for rows, weight, state in ckpt.read_rows(folder, manifest.row_files()):
+        if state.shape[1] != tables.state.shape[1] or weight.shape[1] != tables.dim:
+            raise CheckpointError(f"checkpoint {folder}: rows of width {weight.shape[1]} with "
+                                  f"{state.shape[1]} optimizer values do not fit this job")
+        mask, slots = select(rows)
+        tables.weight[slots] = weight[mask]
+        tables.state[slots] = state[mask]
+        restored += len(slots)
+    return restored
+
+
+def replicated_select(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return np.ones(len(rows), dtype=bool), rows
+
+
+def shard_select(layout: TableLayout, placement: Placement,
+                 server: int) -> Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """Rows of server ``server`` under ``placement`` (the new plan), and their slots."""
+
+    def select(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        tables = layout.table_of(rows)
+        mask = np.zeros(len(rows), dtype=bool)
+        slots = np.empty(len(rows), dtype=np.int64)
+        for t in np.unique(tables).tolist():
+            at = tables == t
+            owner, slot = placement.locate(t, rows[at] - layout.offsets[t])
+            mask[at] = owner == server
+            slots[at] = slot
+        return mask, slots[mask]
+
+    return select
+
+
+def server_hooks(world: MPI.Intracomm, run_dir: str, keep: int, layout: TableLayout,
+                 placement: Placement, server: int, manifest: ckpt.Manifest | None):
+    """(restore, on_save) for :meth:`ps.service.PSJob.serve` on server ``server``."""
+
+    def restore(store) -> int:
+        if manifest is None:
+            return 0
+        restore_rows(manifest, store.tables, shard_select(layout, placement, server))
+        return manifest.step
+
+    def on_save(store, step: int) -> None:
+        folder = ckpt.step_dir(run_dir, step)
+        rows = store.global_rows(0, len(store.tables.weight))
+        entry = ckpt.write_rows(folder / f"shard-{server}.h5", rows, store.tables.weight,
+                                store.tables.state)
+        commit(world, folder, [entry], None, keep)
+
+    return restore, on_save
+
+
+def new_manifest(config: JobConfig, layout: TableLayout, step: int, workers: int,
+                 servers: int, plan_json: str) -> ckpt.Manifest:
+    return ckpt.Manifest(step=step, config_toml=dump_toml(config), workers=workers,
+                         servers=servers, shape=shape_of(config, layout), plan_json=plan_json)

@@ -1,0 +1,146 @@
+"""``hpctrain compare-sync``: the same job under several sync models, one after another.
+
+Every model trains on the same data, seed and allocation (sequentially, so they share the
+machine fairly) into ``OUT/<model>/``. Then world rank 0 writes ``OUT/summary.json``, prints
+a table (time and samples to a target training loss, final held-out log loss and AUC,
+throughput, staleness), and draws ``OUT/loss.png``: training loss against wall-clock time
+and against samples, one line per model.
+
+Without a target loss, the target is 1.01 x the first model's final training loss (BSP's
+when listed first). A model that never reaches the target is reported as "not reached".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from hpctrain.config import JobConfig
+from hpctrain.errors import ConfigError
+from hpctrain.runtime.world import Topology
+from hpctrain.sync.models import parse_models
+from hpctrain.train.trainer import run_training
+
+__all__ = ["straggler_overrides", "compare_sync"]
+
+log = logging.getLogger(__name__)
+
+
+def straggler_overrides(spec: str) -> list[str]:
+    """``--set`` items for ``none``, ``transient:P:FACTOR`` or ``persistent:W[+W...]:FACTOR``."""
+    kind, *args = spec.strip().lower().split(":")
+    try:
+        if kind == "none" and not args:
+            return []
+        if kind == "transient" and len(args) == 2:
+            return [f"sync.straggle_probability={float(args[0])}",
+                    f"sync.straggle_factor={float(args[1])}"]
+        if kind == "persistent" and len(args) == 2:
+            workers = [int(w) for w in args[0].split("+")]
+            return [f"sync.slow_workers={workers}", f"sync.slow_factor={float(args[1])}"]
+    except ValueError:
+        pass
+    raise ConfigError(f"--stragglers {spec!r}: expected none, transient:P:FACTOR (e.g. "
+                      f"transient:0.1:3) or persistent:WORKER[+WORKER]:FACTOR (e.g. "
+                      f"persistent:1:3)")
+
+
+def compare_sync(config: JobConfig, topo: Topology, models_text: str, out: str,
+                 target_loss: float | None) -> dict[str, Any] | None:
+    """Train ``config`` once per model; world rank 0 returns (and writes) the comparison."""
+    models = parse_models(models_text)
+    out_dir = Path(out)
+    runs = []
+    for model in models:
+        name = model.name.replace(":", "")
+        tc = dataclasses.replace(config.train, run_dir=str(out_dir / name), progress=False)
+        run_config = dataclasses.replace(
+            config, train=tc, sync=dataclasses.replace(config.sync, model=model.name))
+        log.info("compare-sync: training under %s", model.name)
+        summary = run_training(run_config, topo)
+        if topo.rank == 0:
+            runs.append((model.name, summary))
+    if topo.rank != 0:
+        return None
+    result = _tabulate(runs, out_dir, target_loss)
+    (out_dir / "summary.json").write_text(json.dumps(result, indent=1) + "\n")
+    _plot(result, out_dir / "loss.png")
+    return result
+
+
+def _records(run_dir: str) -> list[dict[str, Any]]:
+    lines = Path(run_dir, "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def _tabulate(runs, out_dir: Path, target_loss: float | None) -> dict[str, Any]:
+    curves = {name: [r for r in _records(s.run_dir) if "train_loss" in r] for name, s in runs}
+    if target_loss is None:
+        first = curves[runs[0][0]]
+        target_loss = 1.01 * first[-1]["train_loss"]
+    rows = []
+    for name, summary in runs:
+        hit = next((r for r in curves[name] if r["train_loss"] <= target_loss), None)
+        tables = summary.staleness()
+        reads = sum(t["reads"] for t in tables.values()) or 1
+        rows.append({
+            "model": name,
+            "time_to_target_s": hit["time_s"] if hit else None,
+            "samples_to_target": hit["samples"] if hit else None,
+            "final_log_loss": summary.eval.get("log_loss"),
+            "final_auc": summary.eval.get("auc"),
+            "samples_per_s": summary.samples_per_s,
+            "wall_s": summary.wall_s,
+            "staleness_mean": sum(t["mean"] * t["reads"] for t in tables.values()) / reads,
+            "staleness_p99": max((t["p99"] for t in tables.values()), default=0.0),
+            "staleness_max": max((t["max"] for t in tables.values()), default=0.0),
+            "staleness_per_table": tables,
+            "step_times": summary.step_times,
+            "curve": [{k: r[k] for k in ("step", "samples", "time_s", "train_loss")}
+                      for r in curves[name]],
+            "eval_curve": [r for r in _records(summary.run_dir) if "eval_log_loss" in r],
+        })
+    return {"target_loss": target_loss, "out": str(out_dir), "models": rows}
+
+
+def format_comparison(result: dict[str, Any]) -> str:
+    header = (f"{'model':<8} {'to target':>10} {'samples':>9} {'log loss':>9} {'vs first':>8} "
+              f"{'AUC':>7} {'samples/s':>10} {'stale mean':>10} {'p99':>5} {'max':>5}")
+    lines = [f"target training loss {result['target_loss']:.4f}", header]
+    first = result["models"][0]["final_log_loss"]
+    for row in result["models"]:
+        reached = (f"{row['time_to_target_s']:>9.1f}s {row['samples_to_target']:>9,}"
+                   if row["time_to_target_s"] is not None else f"{'not reached':>20}")
+        gap = 100.0 * (row["final_log_loss"] - first) / first
+        lines.append(f"{row['model']:<8} {reached} {row['final_log_loss']:>9.4f} {gap:>+7.2f}% "
+                     f"{row['final_auc']:>7.4f} {row['samples_per_s']:>10,.0f} "
+                     f"{row['staleness_mean']:>10.2f} {row['staleness_p99']:>5.0f} "
+                     f"{row['staleness_max']:>5.0f}")
+    return "\n".join(lines)
+
+
+def _plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (by_time, by_samples) = plt.subplots(1, 2, figsize=(11, 4))
+    for row in result["models"]:
+        curve = row["curve"]
+        by_time.plot([r["time_s"] for r in curve], [r["train_loss"] for r in curve],
+                     label=row["model"])
+        by_samples.plot([r["samples"] for r in curve], [r["train_loss"] for r in curve],
+                        label=row["model"])
+    for axis, label in ((by_time, "wall-clock time (s)"), (by_samples, "samples")):
+        axis.axhline(result["target_loss"], color="grey", linestyle=":", linewidth=1)
+        axis.set_xlabel(label)
+        axis.set_ylabel("training loss")
+        axis.legend()
+    fig.suptitle("hpctrain compare-sync")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,72 @@
+"""Dense parameters on the parameter servers (``ps.mode = "full"``, the Petuum setting).
+
+The model's parameters, flattened, become one more table ("dense") of rows as wide as the
+embeddings, so the sync model governs them exactly as it governs the embedding tables:
+every step a worker pulls all dense rows, computes, and pushes their gradients with its
+embedding gradients in the same push (one push per step is one clock tick). The servers
+update them with the job's sparse optimizer (row-wise Adagrad works on blocks of ``dim``
+values here). Workers never allreduce: they meet only through the servers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from embeddings.tables import TableLayout
+from embeddings.types import TableSpec
+from hpctrain.runtime.waits import wait_all
+from ps.client import PSClient
+
+__all__ = ["DenseOnServers", "with_dense_table"]
+
+DENSE_TABLE = "dense"
+
+
+def with_dense_table(layout: TableLayout, numel: int) -> TableLayout:
+    """``layout`` plus a last table holding ``numel`` dense values in rows of its width."""
+    rows = max(1, math.ceil(numel / layout.dim))
+    return TableLayout([*layout.specs, TableSpec(DENSE_TABLE, rows, layout.dim)])
+
+
+class DenseOnServers:
+    def __init__(self, params: list[torch.nn.Parameter], flat_grads: torch.Tensor,
+                 client: PSClient, layout: TableLayout) -> None:
+        """``flat_grads`` holds every parameter's gradient, in ``params`` order."""
+        self.params = params
+        self.numel = sum(p.numel() for p in params)
+        self.flat_grads = flat_grads
+        self.client = client
+        first = int(layout.offsets[-1])
+        self.rows = np.arange(first, first + int(layout.sizes[-1]), dtype=np.int64)
+        self.dim = layout.dim
+
+    def place_initial(self, comm: MPI.Intracomm) -> None:
+        """Worker 0 writes the initial parameters to the servers; the workers' barrier
+        (``Ibarrier`` over ``comm``) keeps everyone from reading them earlier."""
+        if comm.Get_rank() == 0:
+            flat = torch.cat([p.detach().reshape(-1).cpu() for p in self.params]).numpy()
+            self.client.write(self.rows, self._as_rows(flat))
+        wait_all([comm.Ibarrier()])
+
+    def pull(self) -> None:
+        """Copy the servers' current dense values into the model."""
+        flat = torch.from_numpy(self.client.pull(self.rows).reshape(-1)[: self.numel])
+        offset = 0
+        with torch.no_grad():
+            for p in self.params:
+                p.copy_(flat[offset: offset + p.numel()].view_as(p))
+                offset += p.numel()
+
+    def gradients(self, scale: float) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, gradient rows) of the dense table, multiplied by ``scale``."""
+        flat = self.flat_grads[: self.numel].detach().cpu().numpy() * np.float32(scale)
+        return self.rows, self._as_rows(flat)
+
+    def _as_rows(self, flat: np.ndarray) -> np.ndarray:
+        rows = np.zeros((len(self.rows), self.dim), dtype=np.float32)
+        rows.reshape(-1)[: len(flat)] = flat
+        return rows

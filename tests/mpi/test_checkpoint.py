@@ -1,0 +1,115 @@
+"""Kill-and-resume and N->M resharding through real launches of the command line."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+from harness import child_env, mpiexec, run_mpi
+
+from hpctrain.train import checkpoint as ckpt
+
+HPCTRAIN = [sys.executable, "-m", "hpctrain.cli", "train"]
+JOB = ["--set", "data.table_sizes=[50, 200, 1000, 7]", "--set", "data.train_samples=4000",
+       "--set", "data.eval_samples=200", "--set", "model.embedding_dim=8",
+       "--set", "model.bottom_mlp=[16, 8]", "--set", "model.top_mlp=[16, 1]",
+       "--set", "train.batch_size=32", "--set", "train.steps=8", "--set", "train.lr=0.05",
+       "--set", "train.progress=false", "--set", "sync.deterministic=true",
+       "--set", "checkpoint.every_steps=4", "--set", "checkpoint.at_end=true",
+       "--set", "checkpoint.keep=5", "--set", "ps.sharding='row_hash'",
+       "--set", "ps.table_wise_below=100"]
+
+
+def servers(n: int) -> list[str]:
+    return ["--set", f"ps.servers={n}"]
+
+
+def train(run_dir: Path, ranks: int, *extra: str) -> None:
+    result = run_mpi([*HPCTRAIN, *JOB, *servers(ranks - 2), "--set",
+                      f"train.run_dir={str(run_dir)!r}", *extra], ranks=ranks, timeout=180)
+    assert result.returncode == 0, result.stdout
+
+
+def resume(run_dir: Path, ranks: int) -> str:
+    result = run_mpi([*HPCTRAIN, "--resume", str(run_dir), *servers(ranks - 2), "--set",
+                      "sync.straggle_probability=0.0"], ranks=ranks, timeout=180)
+    assert result.returncode == 0, result.stdout
+    return result.stdout
+
+
+def final_state(run_dir: Path, step: int = 8) -> dict[str, np.ndarray]:
+    """Every row (sorted by global id) with its state, and the dense parameters."""
+    manifest = ckpt.read_manifest(ckpt.step_dir(run_dir, step))
+    parts = list(ckpt.read_rows(Path(manifest.path), manifest.row_files()))
+    rows = np.concatenate([p[0] for p in parts])
+    order = np.argsort(rows)
+    state = {"rows": rows[order], "weight": np.concatenate([p[1] for p in parts])[order],
+             "state": np.concatenate([p[2] for p in parts])[order]}
+    with h5py.File(Path(manifest.path) / "dense.h5") as f:
+        for name, item in f["param"].items():
+            state[f"param/{name}"] = item[()]
+        for name, item in f["optim"].items():
+            state[f"optim/{name}"] = item[()]
+    return state
+
+
+def assert_identical(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+def kill_after_checkpoint(run_dir: Path, step: int) -> None:
+    """Launch a slowed-down 3-rank run and SIGKILL it once checkpoint ``step`` commits."""
+    slow = ["--set", "sync.straggle_probability=1.0", "--set", "sync.straggle_factor=40"]
+    proc = subprocess.Popen([mpiexec(), "-n", "3", *HPCTRAIN, *JOB, *servers(1), *slow, "--set",
+                             f"train.run_dir={str(run_dir)!r}"], env=child_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    manifest = ckpt.step_dir(run_dir, step) / "manifest.h5"
+    deadline = time.monotonic() + 150
+    while not manifest.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert manifest.exists() and proc.returncode != 0
+    assert ckpt.latest(run_dir).step in (step, 2 * step)
+
+
+def test_kill_resume_and_reshard_give_bitwise_the_same_model(tmp_path):
+    straight, killed, grown, shrunk = (tmp_path / n for n in ("a", "b", "c", "d"))
+    train(straight, 3)
+    reference = final_state(straight)
+    assert ckpt.latest(straight).servers == 1 and len(reference["rows"]) == 1257
+
+    kill_after_checkpoint(killed, 4)
+    shutil.copytree(killed, grown)
+    out = resume(killed, 3)  # 3 -> 3 after a SIGKILL
+    assert "resuming from" in out or ckpt.latest(killed).step == 8
+    assert_identical(final_state(killed), reference)
+
+    shutil.rmtree(grown / "checkpoints" / "step-00000008", ignore_errors=True)
+    resume(grown, 4)  # 1 server + 2 workers -> 2 servers + 2 workers
+    assert ckpt.latest(grown).servers == 2
+    assert_identical(final_state(grown), reference)
+
+    train(shrunk, 4, "--set", "train.steps=4")  # 2 servers -> 1 server
+    result = run_mpi([*HPCTRAIN, "--resume", str(shrunk), *servers(1), "--set",
+                      "train.steps=8"], ranks=3, timeout=180)
+    assert result.returncode == 0, result.stdout
+    assert_identical(final_state(shrunk), reference)
+
+
+def test_resume_refuses_what_it_cannot_restore(tmp_path):
+    missing = run_mpi([*HPCTRAIN, "--resume", str(tmp_path / "nowhere")], ranks=2, timeout=60)
+    assert missing.returncode == 2 and "no config.toml there" in missing.stdout
+    train(tmp_path / "run", 2, "--set", "train.steps=4", "--set", "ps.servers=0")
+    other = run_mpi([*HPCTRAIN, "--resume", str(tmp_path / "run"), "--set",
+                     "model.top_mlp=[8, 1]"], ranks=2, timeout=60)
+    assert other.returncode == 2, other.stdout
+    assert "was made with model.top_mlp = (16, 1); this job has (8, 1)" in other.stdout

@@ -1,0 +1,66 @@
+"""The parallel modes from the command line: grid errors, the pipeline job, the benchmark."""
+
+import json
+import sys
+
+import pytest
+from harness import run_mpi
+
+HPCTRAIN = [sys.executable, "-m", "hpctrain.cli"]
+PIPELINE_JOB = "jobs/configs/pipeline_pp2_dp2.toml"
+
+
+def test_a_grid_that_does_not_fit_the_world_is_one_line_and_exit_2():
+    result = run_mpi([*HPCTRAIN, "train", "--set", "parallel.pp=2"], ranks=3, timeout=60)
+    assert result.returncode == 2
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert "3 worker ranks" in lines[0] and "pp = 2" in lines[0]
+
+
+def test_the_pipeline_job_trains_on_four_ranks(tmp_path):
+    result = run_mpi([*HPCTRAIN, "train", PIPELINE_JOB, "--set", "train.progress=false",
+                      "--set", "train.steps=40", "--set", "data.eval_samples=4000",
+                      "--set", "train.lr=0.05", "--set", "train.warmup_steps=10",
+                      "--set", f"train.run_dir={str(tmp_path)!r}"], ranks=4, timeout=150)
+    assert result.returncode == 0, result.stdout
+    assert "on 4 workers" in result.stdout
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["steps"] == 40 and summary["samples"] == 40 * 512
+    assert summary["eval"]["samples"] == 4000
+    assert summary["eval"]["log_loss"] < summary["eval"]["base_rate_log_loss"]
+
+
+@pytest.mark.slow
+def test_the_pipeline_job_learns_the_embedded_default(tmp_path):
+    """The whole embedded default (781 steps) as pp = 2 x dp = 2."""
+    result = run_mpi([*HPCTRAIN, "train", PIPELINE_JOB, "--set", "train.progress=false",
+                      "--set", f"train.run_dir={str(tmp_path)!r}"], ranks=4, timeout=900)
+    assert result.returncode == 0, result.stdout
+    ev = json.loads((tmp_path / "summary.json").read_text())["eval"]
+    assert ev["log_loss"] < 0.9 * ev["base_rate_log_loss"] and ev["auc"] > 0.75, ev
+
+
+def test_bench_pipeline_reports_bubble_and_held_activations(tmp_path):
+    out = tmp_path / "pipeline.json"
+    result = run_mpi([*HPCTRAIN, "bench", "pipeline", "--m", "1", "4", "--repeats", "1",
+                      "--width", "64", "--layers", "4", "--micro-batch", "8",
+                      "--json", str(out)], ranks=4, timeout=120)
+    assert result.returncode == 0, result.stdout
+    assert "(p-1)/(m+p-1)" in result.stdout
+    rows = json.loads(out.read_text())["rows"]
+    assert {(r["schedule"], r["p"], r["m"]) for r in rows} == {
+        (s, p, m) for s in ("gpipe", "1f1b") for p in (2, 4) for m in (1, 4)}
+    for r in rows:
+        assert r["peak_held"] == (r["m"] if r["schedule"] == "gpipe" else min(r["p"], r["m"]))
+        assert r["ideal"] == pytest.approx((r["p"] - 1) / (r["m"] + r["p"] - 1))
+        if r["m"] == 1:  # one micro-batch: stages run strictly one after another
+            assert r["bubble"] == pytest.approx(r["ideal"])
+    by = {(r["schedule"], r["p"], r["m"]): r["bubble"] for r in rows}
+    assert all(by[(s, p, 4)] < by[(s, p, 1)] for s in ("gpipe", "1f1b") for p in (2, 4))
+
+
+def test_bench_pipeline_needs_enough_workers():
+    result = run_mpi([*HPCTRAIN, "bench", "pipeline", "--p", "4"], ranks=2, timeout=60)
+    assert result.returncode == 2
+    assert "p = 4 stages need as many workers, the job has 2" in result.stdout

@@ -1,0 +1,107 @@
+"""Sync models over the parameter server: bounds hold, SSP(0) is BSP, ASP does not wait."""
+
+import time
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from embeddings.optim import SparseOptimizer
+from embeddings.tables import TableLayout
+from hpctrain.config import load_config
+from hpctrain.runtime.world import build_topology
+from hpctrain.sync.models import parse_model
+from hpctrain.train.trainer import run_training
+from ps.service import PSJob
+
+SIZES = [50, 50]
+
+
+def setup(ranks: int, models: list[str]):
+    config = load_config(overrides=[f"ps.servers={ranks - 2}", "ps.sharding='row_range'"])
+    topo = build_topology(config)
+    layout = TableLayout.from_sizes(SIZES, 4)
+    job = PSJob.create(topo.world, topo.roles, layout, config.ps, 0)
+    return topo, layout, job, [parse_model(m) for m in models]
+
+
+@pytest.mark.mpi(ranks=(3, 4))
+def test_ssp_bound_holds_under_random_delays(mpi_ranks):
+    """Table t0 follows SSP(2), t1 ASP. Over rounds of random delays (worker 1's longer)
+    workers read only t0; then only t1 while worker 1 lags. The servers would stop the job
+    on a read beyond a bound; the histograms show t0 reads stale but within 2, t1's beyond."""
+    topo, layout, job, models = setup(mpi_ranks, ["ssp:2", "asp"])
+    if not topo.is_worker:
+        stats = job.serve(SparseOptimizer("sgd"), 0, models)
+        seen = topo.role_comm.gather(stats.staleness)
+        if topo.role_comm.Get_rank() == 0:
+            t0 = max(g for s in seen for g in s.get("t0", {0: 0}))
+            t1 = max(g for s in seen for g in s.get("t1", {0: 0}))
+            assert 0 < t0 <= 2 < t1, seen
+        return
+    client = job.client(models)
+    me = topo.worker_rank
+
+    def steps(table: int, delays: list[float]) -> None:
+        rows = layout.offsets[table] + np.arange(SIZES[table])
+        for delay in delays:
+            client.pull(rows)
+            time.sleep(delay)
+            client.push(rows, np.zeros((len(rows), 4), np.float32), 0.1)
+
+    @settings(derandomize=True, database=None, max_examples=4, deadline=None,
+              phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+    @given(st.lists(st.lists(st.sampled_from([0.0, 0.001, 0.004, 0.02]), min_size=12,
+                             max_size=12), min_size=2, max_size=2))
+    def ssp_round(delays):
+        steps(0, [d * (4 if me == 1 else 1) for d in delays[me]])
+
+    ssp_round()
+    steps(1, [0.03 if me == 1 else 0.0] * 12)
+    client.close()
+
+
+@pytest.mark.mpi(ranks=(3,))
+def test_asp_keeps_going_while_a_worker_stalls():
+    topo, layout, job, models = setup(3, ["asp", "asp"])
+    if not topo.is_worker:
+        job.serve(SparseOptimizer("sgd"), 0, models)
+        topo.world.gather((None, None, None))
+        return
+    client = job.client(models)
+    rows = np.arange(sum(SIZES))
+    stall_until = None
+    for step in range(30):
+        client.pull(rows)
+        if topo.worker_rank == 1 and step == 2:
+            time.sleep(2.0)
+            stall_until = time.time()
+        client.push(rows, np.ones((len(rows), 4), np.float32), 0.1)
+    finished = time.time()
+    client.close()
+    facts = topo.world.gather((topo.worker_rank, finished, stall_until))
+    if topo.rank == 0:
+        by_worker = {w: (f, s) for w, f, s in facts if w is not None}
+        # Worker 0 ran all 30 steps before worker 1 even woke up.
+        assert by_worker[0][0] < by_worker[1][1]
+
+
+@pytest.mark.mpi(ranks=(3,))
+def test_ssp0_is_bitwise_bsp_in_deterministic_full_mode(tmp_path):
+    def final_rows(model: str, run: int) -> list[np.ndarray]:
+        config = load_config(overrides=[
+            "ps.servers=1", "ps.mode='full'", "sync.deterministic=true", f"sync.model={model!r}",
+            "data.table_sizes=[30, 200, 7]", "data.train_samples=2000",
+            "data.eval_samples=200", "model.embedding_dim=4", "model.bottom_mlp=[8, 4]",
+            "model.top_mlp=[8, 1]", "train.steps=8", "train.batch_size=30",
+            "train.progress=false", f"train.run_dir={str(tmp_path / str(run))!r}"])
+        rows = []
+        run_training(config, build_topology(config), on_trained=lambda t: rows.append(
+            t.store.pull(np.arange(t.store.layout.total_rows))))
+        return rows
+
+    bsp, ssp0, again = final_rows("bsp", 0), final_rows("ssp:0", 1), final_rows("bsp", 2)
+    for a, b, c in zip(bsp, ssp0, again, strict=True):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, c)

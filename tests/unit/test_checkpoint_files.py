@@ -1,0 +1,124 @@
+"""Checkpoint files without MPI: atomic writes, manifests, damage, compatibility, cadence."""
+
+import errno
+
+import h5py
+import numpy as np
+import pytest
+
+from embeddings.tables import TableLayout
+from hpctrain.config import load_config
+from hpctrain.errors import CheckpointError
+from hpctrain.train import checkpoint as ckpt
+from hpctrain.train import checkpointing
+
+
+def make(tmp_path, step=5, rows=100):
+    folder = ckpt.step_dir(tmp_path, step)
+    weight = np.arange(rows * 4, dtype=np.float32).reshape(rows, 4)
+    entry = ckpt.write_rows(folder / "tables.h5", np.arange(rows), weight,
+                            np.ones((rows, 1), np.float32))
+    config = load_config()
+    layout = TableLayout.from_sizes([rows], 4)
+    manifest = checkpointing.new_manifest(config, layout, step, 2, 0, "")
+    manifest.files = [entry]
+    ckpt.write_manifest(folder, manifest)
+    return folder, weight
+
+
+def test_round_trip_and_latest(tmp_path):
+    make(tmp_path, step=5)
+    folder, weight = make(tmp_path, step=9)
+    found = ckpt.latest(tmp_path)
+    assert found.step == 9 and found.path == str(folder) and found.workers == 2
+    rows, w, state = next(ckpt.read_rows(folder, found.row_files()))
+    np.testing.assert_array_equal(w, weight)
+    assert state.shape == (100, 1) and (rows == np.arange(100)).all()
+    assert not list(tmp_path.rglob("*.tmp*"))
+
+
+def test_damaged_newest_falls_back_and_names_the_file(tmp_path):
+    make(tmp_path, step=5)
+    folder, _ = make(tmp_path, step=9)
+    data = (folder / "tables.h5").read_bytes()
+    (folder / "tables.h5").write_bytes(data[: len(data) // 2])  # truncated
+    assert ckpt.latest(tmp_path).step == 5
+    with pytest.raises(CheckpointError, match="tables.h5 is missing or does not match"):
+        ckpt.read_manifest(folder)
+
+
+def test_truncated_foreign_and_missing_manifests(tmp_path):
+    folder, _ = make(tmp_path, step=3)
+    manifest = folder / "manifest.h5"
+    manifest.write_bytes(manifest.read_bytes()[:200])
+    with pytest.raises(CheckpointError, match="missing, truncated or not a checkpoint"):
+        ckpt.read_manifest(folder)
+    with h5py.File(manifest, "w") as f:
+        f.attrs["format"] = "something-else"
+    with pytest.raises(CheckpointError, match="is not an hpctrain checkpoint manifest"):
+        ckpt.read_manifest(folder)
+    manifest.write_text("not hdf5 at all")
+    with pytest.raises(CheckpointError, match="no complete checkpoint under"):
+        ckpt.latest(tmp_path)
+    with pytest.raises(CheckpointError, match="no complete checkpoint under"):
+        ckpt.latest(tmp_path / "elsewhere")
+
+
+def test_a_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    make(tmp_path, step=4)
+
+    def disk_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    folder = ckpt.step_dir(tmp_path, 8)
+    monkeypatch.setattr(h5py.File, "create_dataset", disk_full)
+    with pytest.raises(CheckpointError, match="No space left on device; the previous "
+                                              "checkpoint is intact"):
+        ckpt.write_rows(folder / "tables.h5", np.arange(3), np.zeros((3, 4), np.float32),
+                        np.zeros((3, 0), np.float32))
+    monkeypatch.undo()
+    assert ckpt.latest(tmp_path).step == 4
+    assert not list(tmp_path.rglob("*.tmp*"))
+
+
+def test_incompatible_configs_are_named(tmp_path):
+    make(tmp_path, step=5, rows=100)
+    manifest = ckpt.latest(tmp_path)
+    layout = TableLayout.from_sizes([100], 4)
+    checkpointing.check_compatible(manifest, load_config(), layout)
+    checkpointing.check_compatible(manifest, load_config(overrides=["ps.servers=1"]), layout)
+    with pytest.raises(CheckpointError, match=r"model.top_mlp = \(128, 64, 1\); this job "
+                                              r"has \(32, 1\)"):
+        checkpointing.check_compatible(manifest, load_config(overrides=["model.top_mlp=[32, 1]"]),
+                                       layout)
+    with pytest.raises(CheckpointError, match=r"table_sizes = \[100\]; this job has \[50\]"):
+        checkpointing.check_compatible(manifest, load_config(), TableLayout.from_sizes([50], 4))
+    with pytest.raises(CheckpointError, match="ps.mode = replicated; this job has full"):
+        checkpointing.check_compatible(manifest, load_config(overrides=[
+            "ps.servers=1", "ps.mode='full'"]), layout)
+
+
+def test_prune_keeps_the_newest_complete(tmp_path):
+    for step in (2, 4, 6):
+        make(tmp_path, step=step)
+    ckpt.step_dir(tmp_path, 7).mkdir()  # an incomplete, newer one stays
+    ckpt.prune(tmp_path, keep=2)
+    left = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert left == ["step-00000004", "step-00000006", "step-00000007"]
+
+
+def test_cadence_and_young_daly():
+    # 5-minute writes, 1,024 GPUs of 50,000 h MTBF each: about 171 minutes (BACKGROUND.md)
+    assert abs(ckpt.young_daly_s(300.0, 50_000 / 1024) / 60 - 171.2) < 0.1
+    config = load_config(overrides=["checkpoint.every_steps=3"]).checkpoint
+    cadence = checkpointing.Cadence(config, comm=None)
+    assert [d for d in range(1, 10) if cadence.due(d, final=False)] == [3, 6, 9]
+    assert not cadence.due(10, final=True)
+    at_end = checkpointing.Cadence(load_config(overrides=["checkpoint.at_end=true"]).checkpoint,
+                                   comm=None)
+    assert at_end.due(10, final=True) and not at_end.due(9, final=False)
+    daly = checkpointing.Cadence(load_config(overrides=["checkpoint.mtbf_hours=1.0"]).checkpoint,
+                                 comm=None)
+    assert daly.interval_s() == 0.0  # measure a write first
+    daly.saved(2.0)
+    assert abs(daly.interval_s() - (2 * 2.0 * 3600) ** 0.5) < 1e-9
