@@ -265,9 +265,7 @@ class Trainer:
             checkpointing.restore_rows(manifest, self.store.tables,
                                        checkpointing.replicated_select)
         else:
-            self.client.clock = manifest.step
-            if self.tiered:
-                self.tiered.step = manifest.step
+            self.client.clock = manifest.step  # the hot tier counts its own steps anew
         self.start_step = manifest.step
 
     def save_checkpoint(self, step: int) -> None:
