@@ -44,6 +44,7 @@ from hpctrain.data import Batch, Dataset, open_dataset
 from hpctrain.data.sharding import batches_per_epoch, local_slice
 from hpctrain.models.dlrm import DLRM
 from hpctrain.parallel.data import DataParallel
+from hpctrain.runtime.abort import agree
 from hpctrain.runtime.env import peak_rss_bytes
 from hpctrain.runtime.topology import shard_range
 from hpctrain.runtime.world import Topology
@@ -132,7 +133,7 @@ def run_training(config: JobConfig, topo: Topology,
     ranks serve their shards. Collective over the world; world rank 0 gets the full summary
     (the server counters included). ``on_trained`` runs on every worker after training,
     while the servers still serve (to read back or save the final state)."""
-    dataset = open_dataset(config.data) if topo.is_worker else None
+    dataset = agree(topo.world, lambda: open_dataset(config.data) if topo.is_worker else None)
     sizes = topo.world.bcast(dataset.table_sizes if topo.rank == 0 else None, root=0)
     layout = TableLayout.from_sizes(sizes, config.model.embedding_dim)
     job, models = None, None
