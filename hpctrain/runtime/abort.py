@@ -99,10 +99,10 @@ def _end_agreed(exc: AgreedError) -> None:
     (after a barrier over the agreeing ranks, so the line is out first)."""
     if exc.comm.Get_rank() == 0:
         print(f"hpctrain: error: {exc}", file=sys.stderr, flush=True)
-    if exc.comm.Get_size() == world_size():
-        sys.exit(USER_ERROR)
-    exc.comm.Barrier()
-    MPI.COMM_WORLD.Abort(USER_ERROR)
+    if exc.comm.Get_size() < world_size():
+        exc.comm.Barrier()
+        MPI.COMM_WORLD.Abort(USER_ERROR)
+    sys.exit(USER_ERROR)
 
 
 def run_guarded(body: Callable[[], T]) -> T:
