@@ -60,6 +60,8 @@ def test_file_errors_name_file_and_line(tmp_path):
     ({"HPCTRAIN_TRAIN__BATCHSIZE": "8"},
      ["'train.batchsize' ($HPCTRAIN_TRAIN__BATCHSIZE)", "keys of train"]),
     ({"HPCTRAIN_TRIAN__LR": "0.1"}, ["'trian.lr' ($HPCTRAIN_TRIAN__LR)", "no section"]),
+    ({"HPCTRAIN_TRAIN__ON_NONFINITE": "ignore"},
+     ["train.on_nonfinite ($HPCTRAIN_TRAIN__ON_NONFINITE)", "'stop', 'skip'"]),
 ])
 def test_bad_environment_names_the_variable(env, words):
     with pytest.raises(ConfigError) as info:
