@@ -36,7 +36,7 @@ SMALL = [f"data.table_sizes={SIZES}", "data.train_samples=3000", "data.eval_samp
 
 
 class Poisoned(Dataset):
-    """``inner`` with feature I4 of the train ``samples`` set to NaN."""
+    """``inner`` with feature I4 of ``samples`` (of either split) set to NaN."""
 
     def __init__(self, inner: Dataset, samples: set[int]) -> None:
         self.inner, self.samples, self.table_sizes = inner, samples, inner.table_sizes
@@ -47,7 +47,7 @@ class Poisoned(Dataset):
     def read(self, split: str, start: int, stop: int) -> Batch:
         batch = self.inner.read(split, start, stop)
         hit = [i - start for i in sorted(self.samples) if start <= i < stop]
-        if split == "train" and hit:
+        if hit:
             dense = batch.dense.copy()
             dense[hit, 3] = np.nan
             batch = Batch(dense, batch.sparse, batch.labels)
@@ -71,6 +71,11 @@ def state(trainer: Trainer) -> list[np.ndarray]:
 
 def same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
     return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def evaluated(trainer: Trainer) -> int:
+    """Held-out samples scored, the same on every worker (worker 0 gets the metrics)."""
+    return MPI.COMM_WORLD.bcast(trainer.evaluate().get("samples"))
 
 
 def skip_then_stop(trainer: Trainer, gate: list[bool], full: bool = False) -> str | None:
@@ -115,6 +120,7 @@ def test_nonfinite_steps_are_skipped_or_stopped_alike_in_every_mode(tmp_path):
                               "I4 = nan; set train.on_nonfinite"), message
     mine = state(trainer)
     assert all(same(mine, other) for other in world.allgather(mine))  # replicas agree
+    assert evaluated(trainer) == 299  # eval sample 160 is left out
 
     # Parameter servers, hybrid and full mode: 3 workers of 30 samples + 1 server; worker 1
     # reads sample 130 in step 1 and 310 in step 3.
@@ -144,13 +150,14 @@ def test_nonfinite_steps_are_skipped_or_stopped_alike_in_every_mode(tmp_path):
     config = load_config(overrides=[*SMALL, run_dir, "train.batch_size=64", "parallel.tp=2",
                                     "parallel.pp=2", "parallel.backend='mpi'",
                                     "parallel.micro_batches=2"])
-    trainer = Trainer(config, build_topology(config), data)
+    trainer = Trainer(config, build_topology(config), Poisoned(data, {290}))  # eval only
     if world.Get_rank() == 3:
         weight = next(trainer.hybrid.module.parameters())
         weight.register_hook(lambda g: torch.full_like(g, math.nan) if gate[0] else None)
     message = skip_then_stop(trainer, gate)
     assert message.startswith("[rank 3] step 3: non-finite gradient of ") and \
         "(stage 1, tensor shard 1)" in message, message
+    assert evaluated(trainer) == 299
 
 
 SAMPLE = ROOT / "tests" / "data" / "criteo_kaggle_sample.txt"
