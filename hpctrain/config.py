@@ -126,6 +126,9 @@ class TrainConfig:
                               "runs/<date-time>")
     seed: int = option(0, "seed of the model initialisation", min=0)
     progress: bool = option(True, "tqdm progress bar on rank 0")
+    on_nonfinite: str = option("stop", "a step with a NaN or Inf in its dense features, loss or "
+                                       "gradients: stop naming step, rank and tensor, or skip "
+                                       "it on every worker", choices=("stop", "skip"))
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,9 @@ One step (``accumulate`` micro-batches per optimizer step):
 5. the dense optimizer steps, and the touched rows' gradients are pushed to the store, which
    applies the sparse optimizer where the rows live. The push ends the worker's step.
 
+A step with a NaN or Inf is stopped or skipped by every worker alike (``train.on_nonfinite``,
+:mod:`hpctrain.train.nonfinite`): each worker's verdict rides in step 4's allreduce.
+
 In full parameter-server mode (``ps.mode = "full"``) steps 4-5 change: there is no
 allreduce; the dense parameters are pulled from the servers before the step and their
 gradients, divided by the global batch, travel in the same push as the embedding rows
@@ -46,6 +49,7 @@ from hpctrain.data import Batch, Dataset, open_dataset
 from hpctrain.data.sharding import batches_per_epoch, local_slice
 from hpctrain.models.dlrm import DLRM
 from hpctrain.parallel.data import DataParallel
+from hpctrain.runtime.abort import agree
 from hpctrain.runtime.env import peak_rss_bytes
 from hpctrain.runtime.topology import shard_range
 from hpctrain.runtime.world import Topology
@@ -56,6 +60,7 @@ from hpctrain.train import checkpoint as ckpt
 from hpctrain.train import checkpointing, metrics
 from hpctrain.train.dense_ps import DenseOnServers, with_dense_table
 from hpctrain.train.model_parallel import ModelParallelDLRM, wants_model_parallel
+from hpctrain.train.nonfinite import NonFiniteGuard, finite_samples
 from hpctrain.train.optim import DenseOptimizer
 from hpctrain.train.rundir import RunDir, default_run_dir
 from ps.client import PSClient
@@ -80,6 +85,8 @@ class Summary:
     eval: dict[str, float] = field(default_factory=dict)
     peak_rss_mb: list[float] = field(default_factory=list)
     skipped_lines: int = 0
+    skipped_steps: list[int] = field(default_factory=list)
+    """Per worker: steps (full PS mode: own contributions) skipped for non-finite values."""
     run_dir: str = ""
     ps_clients: list[dict[str, float]] = field(default_factory=list)
     ps_servers: list[dict[str, object]] = field(default_factory=list)
@@ -105,7 +112,8 @@ class Summary:
                 "samples_per_s": self.samples_per_s,
                 "step_samples_per_s": self.step_samples_per_s, "train_loss": self.train_loss,
                 "eval": self.eval, "peak_rss_mb": self.peak_rss_mb,
-                "skipped_lines": self.skipped_lines, "ps_clients": self.ps_clients,
+                "skipped_lines": self.skipped_lines, "skipped_steps": self.skipped_steps,
+                "ps_clients": self.ps_clients,
                 "ps_servers": self.ps_servers, "step_times": self.step_times,
                 "staleness": self.staleness()}
 
@@ -140,7 +148,7 @@ def run_training(config: JobConfig, topo: Topology,
     run_dir = topo.world.bcast(config.train.run_dir or default_run_dir(), root=0)
     config = dataclasses.replace(config, train=dataclasses.replace(config.train,
                                                                    run_dir=run_dir))
-    dataset = open_dataset(config.data) if topo.is_worker else None
+    dataset = agree(topo.world, lambda: open_dataset(config.data) if topo.is_worker else None)
     sizes = topo.world.bcast(dataset.table_sizes if topo.rank == 0 else None, root=0)
     layout = TableLayout.from_sizes(sizes, config.model.embedding_dim)
     job, models = None, None
@@ -218,14 +226,16 @@ class Trainer:
         self.store, self.dense_ps, self.prefetch = None, None, False
         self.cadence = checkpointing.Cadence(config.checkpoint, self.comm)
         self.start_step = 0
+        full = job is not None and config.ps.mode == "full"
+        self.guard = NonFiniteGuard(tc.on_nonfinite, None if full else self.comm)
         # tp/pp > 1: the dense model, its optimizer and the tables live in the parallel engine.
-        self.hybrid = ModelParallelDLRM(config, topo, self.dataset, self.layout) if (
+        self.hybrid = ModelParallelDLRM(config, topo, self.dataset, self.layout, self.guard) if (
             wants_model_parallel(config.parallel)) else None
         if self.hybrid is not None:
             return
         torch.manual_seed(tc.seed)
         self.model = DLRM(config.model, len(self.layout.specs)).to(topo.device)
-        self.dp = DataParallel(self.model, self.comm)
+        self.dp = DataParallel(self.model, self.comm, extra=3)
         self.optimizer = DenseOptimizer(self.model.parameters(), tc.optimizer)
         self.job = job
         if job:
@@ -293,13 +303,14 @@ class Trainer:
         accumulate = self.config.train.accumulate
         for index in range(self.start_step * accumulate, self.steps * accumulate):
             start = time.perf_counter()
-            batch = self._read("train", index, self.config.train.batch_size)
+            batch = self.dataset.read("train", *self._slice(index))
             self.phase_s["data"] += time.perf_counter() - start
             yield index, batch
 
     def step(self, step: int, batches: Iterator[tuple[int, Batch]],
              ahead: list[tuple[int, Batch]]) -> tuple[int, float]:
-        """Run optimizer step ``step``; returns (global samples, mean loss).
+        """Run optimizer step ``step``; returns (global samples, mean loss; NaN when the step
+        was skipped for non-finite values).
 
         ``ahead`` holds the next micro-batch, read one early so its rows can be prefetched.
         """
@@ -324,6 +335,7 @@ class Trainer:
                 next_step = ahead[0][0] // tc.accumulate
                 self.embeddings.prefetch(ahead[0][1].sparse, next_step - step)
             t1 = time.perf_counter()
+            self.guard.features(batch.dense, self._slice(index)[0])
             logits = self.model(self._tensor(batch.dense), embedded)
             loss = F.binary_cross_entropy_with_logits(logits, self._tensor(batch.labels),
                                                       reduction="sum")
@@ -336,32 +348,40 @@ class Trainer:
         self.phase_s["compute"] += compute_s
         self.stragglers.delay(step, compute_s)
         lr = self.learning_rate(step)
+        self.guard.loss(loss_sum)
+        self.guard.gradients(self.dp.flat[: self.dp.numel], self.model.named_parameters())
+        self.guard.embedding_gradients(lookups, self.layout)
         if self.dense_ps:
             total, scale = tc.batch_size * tc.accumulate, 1.0 / (tc.batch_size * tc.accumulate)
             t0 = time.perf_counter()
-            rows, grads = self.embeddings.gradients(lookups, scale)
-            dense_rows, dense_grads = self.dense_ps.gradients(scale)
-            self.store.push(np.concatenate([rows, dense_rows]),
-                            np.concatenate([grads, dense_grads]), lr)
+            skip = self.guard.settle(step, self.guard.flag)  # drops this worker's share only
+            rows, grads = self.embeddings.gradients([] if skip else lookups, scale)
+            if not skip:
+                dense_rows, dense_grads = self.dense_ps.gradients(scale)
+                rows, grads = np.concatenate([rows, dense_rows]), np.concatenate([grads,
+                                                                                   dense_grads])
+            self.store.push(rows, grads, lr)
             self.dp.zero()
             self.phase_s["push"] += time.perf_counter() - t0
             self.step_s.append(time.perf_counter() - started)
-            return total, loss_sum / max(count, 1)
+            return total, float("nan") if skip else loss_sum / max(count, 1)
         t0 = time.perf_counter()
-        total, total_loss = self.dp.allreduce([count, loss_sum])
+        total, total_loss, flagged = self.dp.allreduce([count, loss_sum, self.guard.flag])
+        skip = self.guard.settle(step, flagged)
         scale = 1.0 / max(total, 1.0)
         self.dp.scale(scale)
         t1 = time.perf_counter()
-        self.optimizer.step(lr)
+        if not skip:
+            self.optimizer.step(lr)
         self.dp.zero()
         t2 = time.perf_counter()
-        self.store.push(*self.embeddings.gradients(lookups, scale), lr)
+        self.store.push(*self.embeddings.gradients([] if skip else lookups, scale), lr)
         t3 = time.perf_counter()
         for phase, seconds in (("dense_sync", t1 - t0), ("optimizer", t2 - t1),
                                ("push", t3 - t2)):
             self.phase_s[phase] += seconds
         self.step_s.append(t3 - started)
-        return int(total), total_loss * scale
+        return int(total), float("nan") if skip else total_loss * scale
 
     def _model_parallel_step(self, step: int) -> tuple[int, float]:
         started = time.perf_counter()
@@ -372,10 +392,11 @@ class Trainer:
         self.step_s.append(elapsed - data_s)
         return samples, loss
 
-    def _read(self, split: str, index: int, global_batch: int) -> Batch:
-        start, stop = local_slice(index, self.dataset.num_samples(split), global_batch,
-                                  self.comm.Get_rank(), self.comm.Get_size())
-        return self.dataset.read(split, start, stop)
+    def _slice(self, index: int) -> tuple[int, int]:
+        """Train samples ``[start, stop)`` of micro-batch ``index`` on this worker."""
+        return local_slice(index, self.dataset.num_samples("train"),
+                           self.config.train.batch_size, self.comm.Get_rank(),
+                           self.comm.Get_size())
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(array).to(self.topo.device)
@@ -407,8 +428,11 @@ class Trainer:
         lo, hi = shard_range(n, self.comm.Get_size(), self.comm.Get_rank())
         chunk = max(1, self.config.train.eval_batch_size // self.comm.Get_size())
         probs, labels = [np.empty(0, np.float32)], [np.empty(0, np.float32)]
+        left_out = 0
         for start in range(lo, hi, chunk):
-            batch = self.dataset.read("eval", start, min(hi, start + chunk))
+            read = self.dataset.read("eval", start, min(hi, start + chunk))
+            batch, dropped = finite_samples(read)
+            left_out += dropped
             if len(batch) == 0:
                 continue
             embedded, _ = self.embeddings.lookup(batch.sparse)
@@ -416,6 +440,8 @@ class Trainer:
             probs.append(torch.sigmoid(logits).cpu().numpy())
             labels.append(batch.labels)
         self.model.train()
+        if left_out:
+            log.warning("evaluation left out %d samples with non-finite dense features", left_out)
         return np.concatenate(probs), np.concatenate(labels)
 
     # -- the loop --------------------------------------------------------------------------
@@ -432,11 +458,12 @@ class Trainer:
         for step in range(self.start_step, self.steps):
             samples, loss = self.step(step, batches, ahead)
             summary.samples += samples
-            window_loss, window_n = window_loss + loss, window_n + 1
+            if loss == loss:  # a skipped step has no loss
+                window_loss, window_n = window_loss + loss, window_n + 1
             bar.update()
             done = step + 1
             if run and (done % tc.log_every == 0 or done == self.steps):
-                summary.train_loss = window_loss / window_n
+                summary.train_loss = window_loss / window_n if window_n else float("nan")
                 elapsed = time.perf_counter() - start
                 run.log({"step": done, "samples": summary.samples, "time_s": elapsed,
                          "train_loss": summary.train_loss, "lr": self.learning_rate(step),
@@ -456,6 +483,7 @@ class Trainer:
         if facts:
             summary.peak_rss_mb = [f["peak_rss_mb"] for f in facts]
             summary.skipped_lines = sum(f["skipped"] for f in facts)
+            summary.skipped_steps = [f["skipped_steps"] for f in facts]
             summary.ps_clients = [f["client"] for f in facts if f["client"]]
             summary.step_times = [f["step_times"] for f in facts]
         return summary
@@ -484,4 +512,4 @@ class Trainer:
                  "p99": float(np.percentile(steps, 99)), "max": float(steps.max()),
                  "straggler_sleep": self.stragglers.delayed_s}
         return {"peak_rss_mb": peak_rss_bytes() / 2**20, "skipped": self.dataset.skipped,
-                "client": client, "step_times": times}
+                "skipped_steps": self.guard.skipped, "client": client, "step_times": times}
