@@ -53,7 +53,6 @@ def test_the_watchdog_names_a_stopped_rank(tmp_path):
                                      "not arrived: rank 2 (stopped by a signal)"]),
                         ("pull", ["in pull #1 on hpctrain.ps",
                                   "not arrived: rank 2 (stopped by a signal)"])):
-        start = time.monotonic()
         result = run_mpi([sys.executable, str(script), mode, str(tmp_path)], ranks=3,
                          timeout=90)
         assert result.returncode != 0, result.stdout
