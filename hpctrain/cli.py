@@ -5,6 +5,8 @@
     mpiexec -n 2 hpctrain info
     hpctrain preprocess jobs/configs/criteo_sample.toml --out sample.h5
     hpctrain config [JOB.toml] [--doc]
+    mpiexec -n 4 hpctrain bench allreduce --json out.json --plot out.png
+    mpiexec -n 4 hpctrain bench calibrate --out comm.json
 
 A config error is found identically on every rank before any message is exchanged: rank 0
 prints it as one line and every rank exits with code 2. Once ranks communicate, an error on
@@ -47,8 +49,9 @@ def _parser() -> argparse.ArgumentParser:
                                      "(launch with mpiexec/srun; see README.md).")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def command(name: str, help: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help, description=help)
+    def command(name: str, help: str, parent: argparse._SubParsersAction = sub
+                ) -> argparse.ArgumentParser:
+        p = parent.add_parser(name, help=help, description=help)
         p.add_argument("job", nargs="?", help="TOML job file (default: the embedded job)")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config key, e.g. --set train.batch_size=256")
@@ -60,7 +63,39 @@ def _parser() -> argparse.ArgumentParser:
     pre.add_argument("--out", required=True, help="output .h5 path (written atomically)")
     cfg = command("config", "print the resolved job as TOML")
     cfg.add_argument("--doc", action="store_true", help="print the table of all config keys")
+    benches = sub.add_parser("bench", help="measure parts of the toolkit on this MPI world",
+                             description="measure parts of the toolkit on this MPI world"
+                             ).add_subparsers(dest="bench", required=True)
+    _bench_allreduce_args(command("allreduce", "time allreduce for each algorithm against "
+                                  "native MPI_Allreduce", benches))
+    command("calibrate", "measure the cost model's alpha/beta parameters and write them "
+                         "(point comm.calibration at the file)", benches).add_argument(
+        "--out", default="comm-calibration.json", help="output file (default: %(default)s)")
     return parser
+
+
+def _bench_allreduce_args(p: argparse.ArgumentParser) -> None:
+    def sizes(text: str) -> list[int]:
+        from hpctrain.comm.bench import parse_sizes
+
+        try:
+            return parse_sizes(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    p.add_argument("--sizes", type=sizes, default="4KiB-64MiB",
+                   help="message sizes: a range of powers of two (4KiB-64MiB, the default) "
+                        "or a list (4KiB,1MiB)")
+    p.add_argument("--algorithms", default="auto,resident,shm,hierarchical,"
+                   "recursive_doubling,halving_doubling,ring,tree,torch",
+                   help="cases besides native (default: %(default)s; unavailable ones are "
+                        "skipped)")
+    p.add_argument("--reps", type=int, default=7, help="interleaved repetitions (median)")
+    p.add_argument("--dtype", default="float32",
+                   choices=("float32", "float64", "float16", "bfloat16", "int32", "int64"))
+    p.add_argument("--no-fusion", action="store_true", help="skip the tensor-fusion case")
+    p.add_argument("--json", metavar="FILE", help="write the rows as JSON")
+    p.add_argument("--plot", metavar="FILE.png", help="plot bus bandwidth against size")
 
 
 def _train(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -> int:
@@ -98,8 +133,26 @@ def _config(args: argparse.Namespace, config: JobConfig, topo: Topology | None) 
     return 0
 
 
-_COMMANDS = {"train": _train, "info": _info, "preprocess": _preprocess, "config": _config}
-_NEEDS_WORLD = {"train", "info"}
+def _bench(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -> int:
+    from hpctrain.comm import Group
+
+    group = Group(topo.world, config.comm)
+    if args.bench == "calibrate":
+        from hpctrain.comm.calibrate import run_calibrate
+
+        run_calibrate(group, args.out, echo=print)
+    else:
+        from hpctrain.comm.bench import run_allreduce
+
+        run_allreduce(group, args.sizes, [a for a in args.algorithms.split(",") if a],
+                      args.reps, args.dtype, not args.no_fusion, args.json, args.plot,
+                      echo=print)
+    return 0
+
+
+_COMMANDS = {"train": _train, "info": _info, "preprocess": _preprocess, "config": _config,
+             "bench": _bench}
+_NEEDS_WORLD = {"train", "info", "bench"}
 
 if __name__ == "__main__":
     sys.exit(main())

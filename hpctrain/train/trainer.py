@@ -5,8 +5,9 @@ One step (data-parallel, every worker holding all tables, BSP):
 1. each worker reads its slice of the global batch (``accumulate`` micro-batches);
 2. embeddings of the batch's unique rows are pulled from the store, the dense model runs
    forward and backward on the summed loss;
-3. dense gradients, the sample count and the loss sum are summed over the workers in one
-   allreduce, then divided by the global sample count (exact mean even for uneven slices);
+3. dense gradients, the sample count and the loss sum are summed over the workers by
+   bucketed allreduces that start during the last backward (:mod:`hpctrain.comm.fusion`),
+   then divided by the global sample count (exact mean even for uneven slices);
 4. the dense optimizer steps; the touched rows' gradients are pushed to the store, which
    exchanges them among the workers and applies the sparse optimizer.
 """
@@ -27,6 +28,7 @@ from embeddings.collection import EmbeddingCollection, Lookup
 from embeddings.optim import SparseOptimizer
 from embeddings.replicated import ReplicatedTables
 from embeddings.tables import LocalTables, TableLayout
+from hpctrain.comm import Group
 from hpctrain.comm.native import gatherv
 from hpctrain.config import JobConfig
 from hpctrain.data import open_dataset
@@ -87,7 +89,8 @@ class Trainer:
         tc = config.train
         torch.manual_seed(tc.seed)
         self.model = DLRM(config.model, len(self.layout.specs)).to(topo.device)
-        self.dp = DataParallel(self.model, self.comm)
+        self.group = Group(self.comm, config.comm)
+        self.dp = DataParallel(self.model, self.group, config.comm)
         optim_cls = torch.optim.SGD if tc.optimizer == "sgd" else torch.optim.Adagrad
         self.optimizer = optim_cls(self.model.parameters(), lr=tc.lr)
         tables = LocalTables(self.layout, SparseOptimizer(tc.optimizer), seed=tc.seed)
@@ -117,10 +120,12 @@ class Trainer:
             logits = self.model(self._tensor(batch.dense), embedded)
             loss = F.binary_cross_entropy_with_logits(logits, self._tensor(batch.labels),
                                                       reduction="sum")
-            loss.backward()
-            lookups.append(lookup)
             count += len(batch)
             loss_sum += loss.item()
+            if micro == tc.accumulate - 1:
+                self.dp.arm([count, loss_sum])
+            loss.backward()
+            lookups.append(lookup)
         total, total_loss = self.dp.allreduce([count, loss_sum])
         scale = 1.0 / max(total, 1.0)
         self.dp.scale(scale)
