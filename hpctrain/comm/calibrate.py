@@ -81,7 +81,7 @@ def calibrate(group: Group) -> CostParams:
         peer = {first: second, second: first}.get(rank)
         net = fit(sizes, _pairs(comm, peer, sizes))
 
-    window = Window(group.node, 64)
+    window = Window(group.node, 64, spin=group.spin)
     sync = _median(comm, window.sync, 200)
     window.free()
     n = 4 << 20

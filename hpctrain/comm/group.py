@@ -27,6 +27,7 @@ from hpctrain.errors import CommError
 __all__ = ["Group"]
 
 _MIN_ARENA = 1 << 16
+_SPIN = 2000  # flag polls (about 1 us each) before a waiting rank yields its core
 
 
 class Group:
@@ -49,8 +50,10 @@ class Group:
             size=self.size, rank=self.rank, local_size=local_size, local_rank=local_rank,
             nodes=sum(1 for s in sizes if s), uniform=len({s for s in sizes if s}) == 1,
             oversubscribed=self._physical.Get_size() > len(cores))
+        self.spin = 0 if self.layout.oversubscribed else _SPIN
         self.params = params if params is not None else self._read_params()
-        self.plans: dict[tuple[Any, ...], Any] = {}
+        self.plans: dict[tuple[Any, ...], Any] = {}  # distinct requests -> algorithm
+        self.calls: dict[tuple[Any, ...], Any] = {}  # recent buffers -> prepared call
         self._arena: Window | None = None
         self._residents: list[Resident] = []
         self._scratch = np.empty(0, np.uint8)
@@ -83,7 +86,7 @@ class Group:
             size = max(_MIN_ARENA, 1 << (max(nbytes, 1) - 1).bit_length())
             if self._arena is not None:
                 self._arena.free()
-            self._arena = Window(self.node, size, rows=2)
+            self._arena = Window(self.node, size, rows=2, spin=self.spin)
         return self._arena
 
     def scratch(self, count: int, dtype: np.dtype) -> np.ndarray:
@@ -98,7 +101,7 @@ class Group:
         """A buffer of ``count`` elements in the node's shared memory (collective over
         ``node``); allreduces of it or of its slices need no copies. ``slots`` reserves
         flags for that many nonblocking bucket allreduces (:mod:`hpctrain.comm.fusion`)."""
-        res = Resident(self.node, count, np.dtype(dtype), slots)
+        res = Resident(self.node, count, np.dtype(dtype), slots, self.spin)
         self._residents.append(res)
         return res.array
 

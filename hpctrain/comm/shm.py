@@ -8,9 +8,9 @@ Window layout: rank ``k`` owns the chunk at ``k * chunk`` bytes: ``slots`` flag 
 
 1. a rank finishes its stores, issues ``MPI_Win_sync`` (a memory barrier in the unified
    model) and stores the slot's next value into its own flag line;
-2. it waits until every rank's flag in that slot has reached the value (yielding the core
-   while it waits, so oversubscribed ranks let the late one run), then ``MPI_Win_sync``
-   again before it loads what the others stored.
+2. it waits until every rank's flag in that slot has reached the value (polling a while,
+   then yielding the core; when ranks outnumber cores it yields at once, so the late rank
+   gets to run), then ``MPI_Win_sync`` again before it loads what the others stored.
 
 Flags only grow and every rank passes the same values in the same order, so no reset is
 needed. The scratch arena keeps two halves and alternates them between calls: a rank
@@ -64,8 +64,9 @@ class Window:
     """A shared window over the node communicator ``comm`` (collective to create/free)."""
 
     def __init__(self, comm: MPI.Intracomm, row_bytes: int, rows: int = 1,
-                 slots: int = 1) -> None:
+                 slots: int = 1, spin: int = 0) -> None:
         self.comm = comm
+        self.spin = spin  # polls before yielding the core (0 when ranks outnumber cores)
         self.size, self.rank = comm.Get_size(), comm.Get_rank()
         self.row_bytes = _round_up(max(row_bytes, _LINE), _LINE)
         self.slots, self.rows = slots, rows
@@ -125,8 +126,12 @@ class Window:
 
     def wait(self, value: int, slot: int = 0) -> None:
         flags = self._flags[slot]
+        spins = self.spin
         while flags.min() < value:
-            os.sched_yield()
+            if spins:
+                spins -= 1
+            else:
+                os.sched_yield()
         self.win.Sync()
 
     def sync(self, slot: int = 0) -> None:
@@ -152,8 +157,9 @@ class Resident:
     serves blocking calls; slots ``1..slots`` serve nonblocking ones (one per bucket).
     """
 
-    def __init__(self, comm: MPI.Intracomm, count: int, dtype: np.dtype, slots: int = 0):
-        self.window = Window(comm, count * dtype.itemsize, rows=1, slots=1 + slots)
+    def __init__(self, comm: MPI.Intracomm, count: int, dtype: np.dtype, slots: int = 0,
+                 spin: int = 0) -> None:
+        self.window = Window(comm, count * dtype.itemsize, rows=1, slots=1 + slots, spin=spin)
         self.array = self.window.row(self.window.rank, 0, dtype, count)
         self.array[:] = 0
 
