@@ -39,8 +39,11 @@ UNIT_ROUNDOFF = {"float32": 2.0 ** -24, "float64": 2.0 ** -53, "float16": 2.0 **
 REDUCE = {"sum": np.sum, "avg": np.mean, "max": np.max, "min": np.min}
 
 
+BIG = 786_433  # a prime: 3 MiB of float32
+
+
 def lengths(p: int) -> list[int]:
-    return sorted({0, 1, max(p - 1, 0), p + 1, 13, 1009, 786_433})  # 786433 is prime, 3 MiB
+    return sorted({0, 1, max(p - 1, 0), p + 1, 13, 1009, BIG})
 
 
 def values(rank: int, n: int, dtype: str, seed: int = 0) -> np.ndarray:
@@ -100,8 +103,8 @@ def test_every_algorithm_dtype_op_and_length_matches_numpy():
             inputs = [values(k, n, dtype) for k in range(p)]
             for algorithm in ALGORITHMS:
                 for op in REDUCE:
-                    if op == "avg" and dtype.startswith("int"):
-                        continue
+                    if (op == "avg" and dtype.startswith("int")) or (n == BIG and op != "sum"):
+                        continue  # a few MiB once per dtype and algorithm keeps this short
                     what = f"{algorithm} {dtype} {op} n={n} p={p}"
                     buf = buffer(inputs[r], dtype)
                     try:
@@ -123,7 +126,7 @@ def test_the_other_primitives_match_numpy():
     for n in lengths(p):
         b = chunk_bounds(n, p)
         mine = slice(b[r], b[r + 1])
-        for dtype in DTYPES:
+        for dtype in DTYPES if n != BIG else ("float32", "bfloat16"):
             inputs = [values(k, n, dtype, seed=1) for k in range(p)]
             for algorithm in ("auto", "shm", "ring", "native"):
                 what = f"{algorithm} {dtype} n={n}"

@@ -104,9 +104,9 @@ def test_calibration_file_round_trip_and_errors(tmp_path):
 
 
 def test_fit_recovers_alpha_and_beta():
-    sizes = [8, 1024, 65536, 1 << 20, 8 << 20]
-    times = [2e-6 * 3 + 4e-10 * s for s in sizes]
-    link = fit(sizes, times, latency_weight=3)
+    def time(nbytes: float) -> float:
+        return 2e-6 * 3 + 4e-10 * nbytes
+    link = fit((8, time(8)), (16 << 20, time(16 << 20)), latency_weight=3)
     assert link.alpha == pytest.approx(2e-6, rel=1e-6)
     assert link.beta == pytest.approx(4e-10, rel=1e-6)
 
