@@ -15,6 +15,7 @@ one rank, raises the same error on every rank instead of hanging or corrupting.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -22,7 +23,7 @@ import torch
 
 from hpctrain.comm import kernels, native, select, torchdist
 from hpctrain.comm.group import Group
-from hpctrain.comm.types import DTYPES, OPS, DType, Request, chunk_bounds
+from hpctrain.comm.types import DTYPES, OPS, Algorithm, DType, Request, chunk_bounds
 from hpctrain.errors import CommError
 
 __all__ = ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "gather",
@@ -145,7 +146,7 @@ def as_storage(buf: Buffer, primitive: str) -> tuple[Any, DType, str]:
                     f"{primitive}: {what} cannot be used")
 
 
-def plan(group: Group, req: Request, algorithm: str) -> Any:
+def plan(group: Group, req: Request, algorithm: str) -> Algorithm:
     """The algorithm serving ``req`` (checked and chosen once per distinct call, cached)."""
     if req.op not in OPS:
         raise CommError(f"{req.primitive}: unknown op {req.op!r}; ops are: {', '.join(OPS)}")
@@ -174,20 +175,15 @@ def _run(primitive: str, buf: Buffer, op: str, root: int, group: Group,
         _precheck(primitive, buf, op, root, group, algorithm)
     # Repeated calls on the same buffer skip the checks and the choice: the entry holds
     # the buffer (so its id stays unique) and is valid while its memory is unchanged.
-    key = (id(buf), primitive, op, root, algorithm)
-    entry = group.calls.get(key)
-    if entry is None or entry[0] is not buf or entry[4] != _identity(buf):
+    entry = group.calls.get((id(buf), primitive, op, root, algorithm))
+    if entry is None or entry[0] is not buf or entry[1] != _identity(buf):
         entry = _prepare(primitive, buf, op, root, group, algorithm)
         if entry is None:
             return buf
         if len(group.calls) >= _CALL_CACHE:
             group.calls.clear()
-        group.calls[key] = entry
-    req, impl, arr = entry[1], entry[2], entry[3]
-    if req.count and group.size > 1:
-        impl.run(req, arr, group)
-        if op == "avg":
-            _average(req, arr, group)
+        group.calls[(id(buf), primitive, op, root, algorithm)] = entry
+    entry[2](entry[3])
     return buf
 
 
@@ -211,11 +207,25 @@ def _prepare(primitive: str, buf: Buffer, op: str, root: int, group: Group,
     resident = device == "cpu" and group.has_residents and group.resident_of(arr) is not None
     count = arr.size if device == "cpu" else arr.numel()
     plan_key = (primitive, count, dtype.name, op, root, resident, device, algorithm)
-    chosen = group.plans.get(plan_key)
-    if chosen is None:
+    runner = group.plans.get(plan_key)
+    if runner is None:
         req = Request(primitive, count, dtype, op, root, resident, device)
-        chosen = group.plans[plan_key] = (req, plan(group, req, algorithm))
-    return (buf, *chosen, arr, _identity(buf))
+        runner = group.plans[plan_key] = _runner(req, plan(group, req, algorithm), group)
+    return buf, _identity(buf), runner, arr
+
+
+def _runner(req: Request, impl: Algorithm, group: Group) -> Callable[[Any], None]:
+    """``impl`` bound to ``req`` (what is left to do per call), then ``avg``'s division."""
+    if group.size == 1 or req.count == 0:
+        return lambda arr: None
+    run = impl.bind(req, group)
+    if req.op != "avg":
+        return run
+
+    def run_and_average(arr: Any) -> None:
+        run(arr)
+        _average(req, arr, group)
+    return run_and_average
 
 
 def _precheck(primitive: str, buf: Buffer, op: str, root: int, group: Group,

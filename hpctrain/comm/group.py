@@ -27,7 +27,7 @@ from hpctrain.errors import CommError
 __all__ = ["Group"]
 
 _MIN_ARENA = 1 << 16
-_SPIN = 2000  # flag polls (about 1 us each) before a waiting rank yields its core
+_SPIN = 200  # flag polls (under a microsecond each) before a waiting rank yields its core
 
 
 class Group:

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from hpctrain.comm.group import Group
 
 __all__ = ["Window", "Resident", "Shm", "SHM", "allreduce_slices", "allreduce_resident",
-           "ResidentAllreduce", "sync_cost"]
+           "ResidentAllreduce", "sync_cost", "small_limit"]
 
 _LINE = 64
 Between = Callable[[np.ndarray], None]
@@ -81,6 +81,7 @@ class Window:
         words = self.mem.view(np.int64)
         self._flags = [words[s * 8:: self.chunk // 8][: self.size] for s in range(slots)]
         self._values = [0] * slots
+        self._views: dict[tuple[int, int, int], np.ndarray] = {}
         self.calls = 0
         self.win.Lock_all(MPI.MODE_NOCHECK)
         for flags in self._flags:
@@ -90,13 +91,20 @@ class Window:
     # -- memory ----------------------------------------------------------------------------
 
     def row(self, k: int, half: int, dtype: np.dtype, count: int) -> np.ndarray:
-        start = k * self.chunk + self.head + half * self.row_bytes
-        return self.mem[start: start + count * dtype.itemsize].view(dtype)
+        key = (k, half, dtype.num)
+        full = self._views.get(key)
+        if full is None:
+            start = k * self.chunk + self.head + half * self.row_bytes
+            full = self._views[key] = self.mem[start: start + self.row_bytes].view(dtype)
+        return full[:count]
 
     def flat(self, half: int, dtype: np.dtype) -> tuple[np.ndarray, int]:
         """All rows ``half`` as one array and the row stride in elements (for kernels)."""
-        start = self.head + half * self.row_bytes
-        return self.mem[start:].view(dtype), self.chunk // dtype.itemsize
+        key = (-1, half, dtype.num)
+        full = self._views.get(key)
+        if full is None:
+            full = self._views[key] = self.mem[self.head + half * self.row_bytes:].view(dtype)
+        return full, self.chunk // dtype.itemsize
 
     def contains(self, arr: np.ndarray) -> int | None:
         """Element offset of ``arr`` in this rank's row 0, or ``None`` if it lies elsewhere."""
@@ -119,7 +127,7 @@ class Window:
         self._flags[slot][self.rank] = value
 
     def reached(self, value: int, slot: int = 0) -> bool:
-        if self._flags[slot].min() >= value:
+        if min(self._flags[slot].tolist()) >= value:  # tolist: far cheaper than .min()
             self.win.Sync()
             return True
         return False
@@ -127,7 +135,7 @@ class Window:
     def wait(self, value: int, slot: int = 0) -> None:
         flags = self._flags[slot]
         spins = self.spin
-        while flags.min() < value:
+        while min(flags.tolist()) < value:
             if spins:
                 spins -= 1
             else:
@@ -268,6 +276,13 @@ def allreduce_resident(arr: np.ndarray, resident: Resident, op: int, kind: int,
     ResidentAllreduce(arr, resident, 0, op, kind, between).start().wait()
 
 
+def small_limit(layout: Layout, params: CostParams) -> float:
+    """Bytes below which the one-synchronisation path is cheaper: the two costs differ by
+    ``bytes * (gamma (p-1) - beta) - sync`` (both paths copy ``2 * bytes`` in all)."""
+    extra = params.gamma * (layout.size - 1) - params.shm.beta
+    return sync_cost(layout, params) / extra if extra > 0 else float("inf")
+
+
 def sync_cost(layout: Layout, params: CostParams) -> float:
     """Seconds of one flag synchronisation (longer when a peer may be descheduled)."""
     return params.shm.alpha * (params.oversubscribed if layout.oversubscribed else 1.0)
@@ -312,6 +327,14 @@ class Shm(Algorithm):
         return Cost(latency_s=sync, transfer_s=params.shm.beta * moved,
                     compute_s=params.gamma * reduced)
 
+    def bind(self, req: Request, group: Group) -> Callable[[np.ndarray], None]:
+        if req.primitive != "allreduce" or req.resident:
+            return super().bind(req, group)
+        op, kind, nbytes = OP_KERNEL[req.op], req.dtype.kind, req.nbytes
+        path = allreduce_small if nbytes < small_limit(group.layout, group.params) \
+            else allreduce_slices
+        return lambda arr: path(arr, group.arena(nbytes), op, kind)
+
     def run(self, req: Request, arr: np.ndarray, group: Group) -> None:
         op, kind = OP_KERNEL[req.op], req.dtype.kind
         if req.primitive == "allreduce":
@@ -320,9 +343,7 @@ class Shm(Algorithm):
                 allreduce_resident(arr, resident, op, kind)
                 return
             arena = group.arena(req.nbytes)
-            p, sync = arena.size, sync_cost(group.layout, group.params)
-            if self.small_cost(req.nbytes, p, group.params, sync).seconds <= self.slices_cost(
-                    req.nbytes, p, group.params, sync, False).seconds:
+            if req.nbytes < small_limit(group.layout, group.params):
                 allreduce_small(arr, arena, op, kind)
             else:
                 allreduce_slices(arr, arena, op, kind)

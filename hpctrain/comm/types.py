@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -182,6 +183,11 @@ class Algorithm(ABC):
     @abstractmethod
     def run(self, req: Request, arr: np.ndarray, group: Group) -> None:
         """Perform ``req`` on the contiguous storage array ``arr`` (see :class:`DType`)."""
+
+    def bind(self, req: Request, group: Group) -> Callable[[np.ndarray], None]:
+        """``run`` for ``req`` on ``group`` as a one-argument callable; a family whose
+        per-call decisions depend only on ``req`` makes them here, once."""
+        return lambda arr: self.run(req, arr, group)
 
 
 def chunk_bounds(count: int, parts: int) -> list[int]:
