@@ -2,9 +2,10 @@
 
 Every parameter comes from times measured on the launched ranks themselves, all of them
 working at once as they do inside a collective, so Python overheads, memory contention and
-the ranks-per-core situation are part of the numbers. Latencies (``alpha``) are measured
-with tiny messages and per-byte costs (``beta``, ``gamma``) with large ones (16 MiB, past
-the caches), so the model is right at both ends of the size range:
+the ranks-per-core situation are part of the numbers; each is the fastest of a few
+samples, since load from elsewhere only adds time. Latencies (``alpha``) come from tiny
+messages and per-byte costs (``beta``, ``gamma``) from large ones (256 KiB to 16 MiB; the
+dearest per byte is kept), so the model holds at both ends of the size range:
 
 - ``p2p``: ``MPI_Sendrecv`` between ranks ``2i`` and ``2i+1``;
 - ``net``: the same between the first ranks of two nodes (kept at the default on one node);
@@ -21,7 +22,7 @@ descheduled ranks, so ``oversubscribed`` is written as 1 (no further scaling).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from mpi4py import MPI
@@ -36,20 +37,24 @@ from hpctrain.comm.types import CostParams, Link
 
 __all__ = ["calibrate", "fit", "run_calibrate"]
 
-_REPS = 5
+_REPS = 7
 _LARGE = 16 << 20
+_SIZES = (256 << 10, 2 << 20, _LARGE)
 
 
-def fit(small: tuple[float, float], large: tuple[float, float],
+def fit(small: tuple[float, float], large: Sequence[tuple[float, float]],
         latency_weight: float = 1.0) -> Link:
-    """``alpha * latency_weight + beta * x`` through two measured points ``(x, seconds)``."""
-    (x0, t0), (x1, t1) = small, large
-    beta = max((t1 - t0) / (x1 - x0), 1e-13)
+    """``alpha * latency_weight + beta * x`` from measured ``(x, seconds)`` points: alpha
+    from the tiny message, beta the largest per-byte cost among the large ones (protocol
+    switches make mid sizes dearer per byte than the largest)."""
+    x0, t0 = small
+    beta = max(max((t - t0) / (x - x0) for x, t in large), 1e-13)
     return Link(max((t0 - beta * x0) / latency_weight, 1e-8), beta)
 
 
-def _median(comm: MPI.Intracomm, fn: Callable[[], object], calls: int) -> float:
-    return float(np.median([time_collective(comm, fn, calls) for _ in range(_REPS)]))
+def _best(comm: MPI.Intracomm, fn: Callable[[], object], calls: int) -> float:
+    """Fastest of a few samples: load on the machine only ever adds time."""
+    return min(time_collective(comm, fn, calls) for _ in range(_REPS))
 
 
 def _exchange(comm: MPI.Intracomm, partner: int | None, nbytes: int) -> tuple[float, float]:
@@ -60,7 +65,11 @@ def _exchange(comm: MPI.Intracomm, partner: int | None, nbytes: int) -> tuple[fl
         if partner is not None:
             comm.Sendrecv(send, partner, 74, recv, partner, 74)
     exchange()
-    return nbytes, _median(comm, exchange, 200 if nbytes < 1024 else 2)
+    return nbytes, _best(comm, exchange, _calls(nbytes))
+
+
+def _calls(nbytes: int) -> int:
+    return max(1, min(200, (1 << 20) // max(nbytes, 1)))
 
 
 def calibrate(group: Group) -> CostParams:
@@ -70,20 +79,20 @@ def calibrate(group: Group) -> CostParams:
     p2p, net, native, torch_link = defaults.p2p, defaults.net, defaults.native, defaults.torch
     if p > 1:
         partner = rank ^ 1 if (rank ^ 1) < p else None
-        p2p = fit(_exchange(comm, partner, 8), _exchange(comm, partner, _LARGE))
+        p2p = fit(_exchange(comm, partner, 8), [_exchange(comm, partner, n) for n in _SIZES])
     if layout.nodes > 1:
         leaders = [r for r in comm.allgather(rank if layout.local_rank == 0 else -1) if r >= 0]
         peer = {leaders[0]: leaders[1], leaders[1]: leaders[0]}.get(rank)
-        net = fit(_exchange(comm, peer, 8), _exchange(comm, peer, _LARGE))
+        net = fit(_exchange(comm, peer, 8), [_exchange(comm, peer, n) for n in _SIZES])
 
     window = Window(group.node, 64, spin=group.spin)
-    sync = _median(comm, window.sync, 200)
+    sync = _best(comm, window.sync, 200)
     window.free()
     src = np.ones(_LARGE // 4, np.float32)
     dst = np.zeros_like(src)
-    copy = _median(comm, lambda: np.copyto(dst, src), 2) / _LARGE
-    gamma = _median(comm, lambda: kernels.reduce_pair(dst, src, kernels.SUM, kernels.ARITH),
-                    2) / _LARGE
+    copy = _best(comm, lambda: np.copyto(dst, src), 2) / _LARGE
+    gamma = _best(comm, lambda: kernels.reduce_pair(dst, src, kernels.SUM, kernels.ARITH),
+                  2) / _LARGE
 
     if p > 1:
         volume = 2.0 * (p - 1) / p
@@ -91,15 +100,15 @@ def calibrate(group: Group) -> CostParams:
         def allreduce_point(nbytes: int, algorithm: str) -> tuple[float, float]:
             buf = np.zeros(max(nbytes // 4, 1), np.float32)
             allreduce(buf, comm=group, algorithm=algorithm)
-            calls = 200 if nbytes < 1024 else 2
-            return volume * buf.nbytes, _median(
-                comm, lambda: allreduce(buf, comm=group, algorithm=algorithm), calls)
+            return volume * buf.nbytes, _best(
+                comm, lambda: allreduce(buf, comm=group, algorithm=algorithm),
+                _calls(nbytes))
 
-        native = fit(allreduce_point(8, "native"), allreduce_point(_LARGE, "native"),
-                     layout.log2)
+        native = fit(allreduce_point(8, "native"),
+                     [allreduce_point(n, "native") for n in _SIZES], layout.log2)
         if torchdist.available("gloo"):
-            torch_link = fit(allreduce_point(8, "torch"), allreduce_point(4 << 20, "torch"),
-                             layout.log2)
+            torch_link = fit(allreduce_point(8, "torch"),
+                             [allreduce_point(n, "torch") for n in _SIZES[:2]], layout.log2)
     params = CostParams(p2p=p2p, net=net, shm=Link(max(sync, 1e-8), copy), gamma=gamma,
                         native=native, torch=torch_link,
                         oversubscribed=1.0 if layout.oversubscribed else defaults.oversubscribed,

@@ -24,7 +24,7 @@ __all__ = ["ARITH", "HALF", "BHALF", "SUM", "MAX", "MIN", "reduce_pair", "reduce
 
 ARITH, HALF, BHALF = 0, 1, 2
 SUM, MAX, MIN = 0, 1, 2
-_BLOCK = 4096  # elements reduced per pass through the rows (stays in L1/L2)
+_BLOCK = 16384  # elements reduced per pass through the rows (stays in L2)
 
 _jit = numba.njit(cache=True, nogil=True)
 
@@ -144,10 +144,12 @@ def reduce_slice(flat: np.ndarray, stride: int, rows: int, own_row: int, own: np
     """Reduce elements ``[lo, hi)`` over ``rows`` equal-length rows of a shared window.
 
     Row ``k`` is ``flat[k*stride : k*stride + n]``, except row ``own_row``, which is read
-    from ``own`` (this rank's private buffer, or its own row). Rows are combined in order
-    0, 1, ..., rows-1, so every rank reducing the same elements gets the same bits. The
-    result goes to ``own[lo:hi]`` and, for ``mode`` 1, to row ``own_row`` of ``flat``; for
-    ``mode`` 2, to every row of ``flat`` (a resident bucket: each rank's copy is final).
+    from ``own`` (this rank's private buffer, or its own row). The result goes to
+    ``own[lo:hi]`` and, for ``mode`` 1, to row ``own_row`` of ``flat``; for ``mode`` 2, to
+    every row of ``flat`` (a resident bucket: each rank's copy is final). Mode 0 is used
+    where every rank reduces the same range itself, so it combines rows in order 0, 1, ...
+    and all ranks get the same bits; in modes 1 and 2 one rank reduces the range for all
+    (16-bit floats always combine in order, in float32).
     """
     if hi > lo:
         fn = _slice_arith if kind == ARITH else _slice_wide
@@ -181,26 +183,42 @@ def _pair_wide(dst, src, op, kind):
 
 
 @numba.njit(cache=True, inline="always")
+def _copy(dst, src):
+    for i in range(dst.size):
+        dst[i] = src[i]
+
+
+@numba.njit(cache=True, inline="always")
 def _scatter_rows(flat, stride, rows, own_row, out, s, e, mode):
     for k in range(rows):
         if (mode == 1 and k == own_row) or (mode == 2 and k != own_row):
-            flat[k * stride + s: k * stride + e] = out
+            _copy(flat[k * stride + s: k * stride + e], out)
 
+
+# The loops below never pick an array with a conditional expression: numba would merge the
+# two into a non-contiguous array type and the loops would stop vectorising.
 
 @_jit
 def _slice_arith(flat, stride, rows, own_row, own, lo, hi, mode, op, kind):
-    acc = np.empty(min(hi - lo, _BLOCK), flat.dtype)
+    ordered = mode == 0 and own_row != 0
+    mine = np.empty(min(hi - lo, _BLOCK) if ordered else 0, flat.dtype)
     for s in range(lo, hi, _BLOCK):
         e = min(hi, s + _BLOCK)
-        a = acc[: e - s]
-        for k in range(rows):
-            src = own[s:e] if k == own_row else flat[k * stride + s: k * stride + e]
-            if k == 0:
-                a[:] = src
-            else:
-                _accumulate(a, src, op)
-        own[s:e] = a
-        _scatter_rows(flat, stride, rows, own_row, a, s, e, mode)
+        out = own[s:e]
+        if ordered:  # every rank reduces this range itself: combine rows 0, 1, ... in order
+            m = mine[: e - s]
+            _copy(m, out)
+            _copy(out, flat[s:e])
+            for k in range(1, rows):
+                if k == own_row:
+                    _accumulate(out, m, op)
+                else:
+                    _accumulate(out, flat[k * stride + s: k * stride + e], op)
+        else:  # this rank alone reduces the range: own row first, then the others in order
+            for k in range(rows):
+                if k != own_row:
+                    _accumulate(out, flat[k * stride + s: k * stride + e], op)
+        _scatter_rows(flat, stride, rows, own_row, out, s, e, mode)
 
 
 @_jit
@@ -210,14 +228,16 @@ def _slice_wide(flat, stride, rows, own_row, own, lo, hi, mode, op, kind):
     for s in range(lo, hi, _BLOCK):
         e = min(hi, s + _BLOCK)
         m = e - s
-        a = acc[:m]
+        a, w = acc[:m], wide[:m]
         for k in range(rows):
-            src = own[s:e] if k == own_row else flat[k * stride + s: k * stride + e]
-            if k == 0:
-                _widen_into(a, src, kind)
+            if k == own_row:
+                _widen_into(w, own[s:e], kind)
             else:
-                _widen_into(wide[:m], src, kind)
-                _accumulate(a, wide[:m], op)
+                _widen_into(w, flat[k * stride + s: k * stride + e], kind)
+            if k == 0:
+                _copy(a, w)
+            else:
+                _accumulate(a, w, op)
         out = own[s:e]
         _narrow_into(out, a, kind)
         _scatter_rows(flat, stride, rows, own_row, out, s, e, mode)

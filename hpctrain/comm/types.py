@@ -9,6 +9,7 @@ and import these types; :mod:`hpctrain.comm.select` picks among them.
 
 from __future__ import annotations
 
+import functools
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -87,7 +88,8 @@ class Link:
 
 @dataclass(frozen=True)
 class CostParams:
-    """Machine parameters of the cost model (defaults: a 2-core EPYC VM with MPICH).
+    """Machine parameters of the cost model (defaults: ``hpctrain bench calibrate`` on two
+    ranks of a 2-core EPYC VM with MPICH 5; ``net`` is a guess for a cluster network).
 
     ``p2p`` is an MPI point-to-point message between ranks of a node (ring, tree,
     recursive), ``net`` one between nodes, ``shm`` a flag synchronisation and a memory copy
@@ -99,13 +101,13 @@ class CostParams:
     (waiting for a descheduled peer dominates there).
     """
 
-    p2p: Link = Link(4e-6, 2.0e-10)
+    p2p: Link = Link(2.2e-6, 3.0e-10)
     net: Link = Link(2e-5, 1.0e-9)
-    shm: Link = Link(2e-6, 1.0e-10)
-    gamma: float = 1.5e-10
-    native: Link = Link(3e-6, 2.5e-10)
-    torch: Link = Link(6e-5, 1.0e-9)
-    oversubscribed: float = 4.0
+    shm: Link = Link(0.6e-6, 1.2e-10)
+    gamma: float = 1.2e-10
+    native: Link = Link(4.5e-6, 5.5e-10)
+    torch: Link = Link(2.5e-4, 2.0e-9)
+    oversubscribed: float = 20.0
     source: str = field(default="built-in defaults", compare=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -190,8 +192,9 @@ class Algorithm(ABC):
         return lambda arr: self.run(req, arr, group)
 
 
-def chunk_bounds(count: int, parts: int) -> list[int]:
+@functools.lru_cache(maxsize=256)
+def chunk_bounds(count: int, parts: int) -> tuple[int, ...]:
     """Boundaries of the ``parts`` balanced chunks of ``range(count)``
     (:func:`~hpctrain.runtime.topology.shard_range`): chunk ``i`` is
     ``[bounds[i], bounds[i+1])``. Every primitive splits buffers this way."""
-    return [shard_range(count, parts, i)[0] for i in range(parts)] + [count]
+    return (*(shard_range(count, parts, i)[0] for i in range(parts)), count)

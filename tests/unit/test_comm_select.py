@@ -53,7 +53,7 @@ def test_auto_picks_latency_algorithms_for_tiny_and_bandwidth_ones_for_large():
 
 def test_shared_memory_uses_its_one_sync_path_only_for_small_buffers():
     params, sync = CostParams(), sync_cost(ONE_NODE, CostParams())
-    small, large = 4 << 10, 16 << 20
+    small, large = 256, 16 << 20
     assert Shm.small_cost(small, 4, params, sync).seconds < \
         Shm.slices_cost(small, 4, params, sync, False).seconds
     assert Shm.small_cost(large, 4, params, sync).seconds > \
@@ -106,9 +106,11 @@ def test_calibration_file_round_trip_and_errors(tmp_path):
 def test_fit_recovers_alpha_and_beta():
     def time(nbytes: float) -> float:
         return 2e-6 * 3 + 4e-10 * nbytes
-    link = fit((8, time(8)), (16 << 20, time(16 << 20)), latency_weight=3)
+    link = fit((8, time(8)), [(n, time(n)) for n in (1 << 20, 16 << 20)], latency_weight=3)
     assert link.alpha == pytest.approx(2e-6, rel=1e-6)
     assert link.beta == pytest.approx(4e-10, rel=1e-6)
+    dearer = fit((8, time(8)), [(1 << 20, 2 * time(1 << 20)), (16 << 20, time(16 << 20))])
+    assert dearer.beta > 4e-10  # the dearest per-byte point is kept
 
 
 @given(count=st.integers(0, 10_000), parts=st.integers(1, 17))
