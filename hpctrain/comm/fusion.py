@@ -53,6 +53,7 @@ class Bucket:
     params: list[torch.nn.Parameter] = field(default_factory=list)
     pending: int = 0
     handle: Any = None
+    resident_op: shm.ResidentAllreduce | None = None
 
 
 class FusedGradients:
@@ -101,6 +102,9 @@ class FusedGradients:
             for p in b.params:
                 self._bucket_of[id(p)] = b
         self._grad_ptrs = {id(p): p.grad.data_ptr() for p in self.params}
+        for index, b in enumerate(self.buckets):
+            b.resident_op = self._resident_op(index, b)
+        self._ordered = group.layout.nodes > 1
         self._armed = False
         self._launched = 0
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="hpctrain-comm") if \
@@ -166,33 +170,42 @@ class FusedGradients:
             self._launch(self.buckets[self._launched])
         self._progress()
 
-    def _launch(self, bucket: Bucket) -> None:
-        view = self.buffers[bucket.buffer][bucket.lo: bucket.hi]
+    def _resident_op(self, index: int, bucket: Bucket) -> shm.ResidentAllreduce | None:
+        """The reusable in-place allreduce of a resident bucket (flag slot ``index + 1``),
+        with the ring across nodes as its middle step when there are several nodes."""
         resident = self.residents[bucket.buffer]
-        slot = self._launched + 1
-        self._launched += 1
-        if resident is not None:
-            arr, dtype, _ = as_storage(view, "allreduce")
-            between = None
-            if self.group.layout.nodes > 1:
-                cross, kind = self.group.cross, dtype.kind
-                scratch = np.empty(arr.size // self.group.layout.local_size + 1, arr.dtype)
+        if resident is None:
+            return None
+        arr, dtype, _ = as_storage(self.buffers[bucket.buffer][bucket.lo: bucket.hi],
+                                   "allreduce")
+        between = None
+        if self.group.layout.nodes > 1:
+            cross, kind = self.group.cross, dtype.kind
+            scratch = np.empty(arr.size // self.group.layout.local_size + 1, arr.dtype)
 
-                def between(part: np.ndarray) -> None:
-                    ring.allreduce(part, cross, OP_KERNEL["sum"], kind, scratch)
-            bucket.handle = shm.ResidentAllreduce(arr, resident, slot, OP_KERNEL["sum"],
-                                                  dtype.kind, between).start()
+            def between(part: np.ndarray) -> None:
+                ring.allreduce(part, cross, OP_KERNEL["sum"], kind, scratch)
+        return shm.ResidentAllreduce(arr, resident, index + 1, OP_KERNEL["sum"], dtype.kind,
+                                     between)
+
+    def _launch(self, bucket: Bucket) -> None:
+        self._launched += 1
+        if bucket.resident_op is not None:
+            bucket.handle = bucket.resident_op.start()
         elif self._thread is not None:
+            view = self.buffers[bucket.buffer][bucket.lo: bucket.hi]
             bucket.handle = self._thread.submit(allreduce, view, comm=self.group)
         else:
-            allreduce(view, comm=self.group)
+            allreduce(self.buffers[bucket.buffer][bucket.lo: bucket.hi], comm=self.group)
             bucket.handle = None
 
     def _progress(self) -> None:
-        """Advance launched buckets in order, stopping at the first unfinished one (a later
-        bucket's inter-node messages must not overtake an earlier one's)."""
+        """Advance the launched resident buckets; across nodes in order, stopping at the
+        first unfinished one (a later bucket's inter-node messages must not overtake an
+        earlier one's)."""
         for b in self.buckets[: self._launched]:
-            if isinstance(b.handle, shm.ResidentAllreduce) and not b.handle.test():
+            if isinstance(b.handle, shm.ResidentAllreduce) and not b.handle.test() and \
+                    self._ordered:
                 return
 
     def finish(self, stats: Sequence[float] = ()) -> np.ndarray:
@@ -202,11 +215,16 @@ class FusedGradients:
             self.arm(stats)
         while self._launched < len(self.buckets):
             self._launch(self.buckets[self._launched])
+        resident = [b.handle for b in self.buckets if isinstance(b.handle,
+                                                                shm.ResidentAllreduce)]
+        if self._ordered:
+            for op in resident:
+                op.wait()
+        else:
+            shm.complete(resident)
         for b in self.buckets:
             if isinstance(b.handle, Future):
                 b.handle.result()
-            elif b.handle is not None:
-                b.handle.wait()
             b.handle = None
         self._armed = False
         return self.stats.cpu().numpy().astype(np.float64)

@@ -50,7 +50,8 @@ if TYPE_CHECKING:
     from hpctrain.comm.group import Group
 
 __all__ = ["Window", "Resident", "Shm", "SHM", "allreduce_slices", "allreduce_resident",
-           "ResidentAllreduce", "sync_cost", "small_limit"]
+           "ResidentAllreduce", "sync_cost", "small_limit",
+           "complete"]
 
 _LINE = 64
 Between = Callable[[np.ndarray], None]
@@ -215,7 +216,8 @@ class ResidentAllreduce:
     :meth:`start` announces the slice; :meth:`test` advances without blocking (reduce this
     rank's part once every rank has announced, then announce the result) and tells whether
     the whole slice is final; :meth:`wait` blocks until it is. The fused-gradient buckets
-    call ``test`` from later gradient hooks, so the reduction overlaps backward.
+    call ``test`` from later gradient hooks, so the reduction overlaps backward, and start
+    the same object again every step.
     """
 
     def __init__(self, arr: np.ndarray, resident: Resident, slot: int, op: int, kind: int,
@@ -268,6 +270,21 @@ class ResidentAllreduce:
         if self.stage == 2:
             self.win.wait(self.done_value, self.slot)
             self.stage = 3
+
+
+def complete(ops: list[ResidentAllreduce]) -> None:
+    """Advance all ``ops`` together until every one is final, so their synchronisations
+    overlap instead of adding up (only for ops without an inter-node step, whose messages
+    must keep their order)."""
+    spins = ops[0].win.spin if ops else 0
+    while ops:
+        left = [op for op in ops if not op.test()]
+        if len(left) == len(ops):
+            if spins:
+                spins -= 1
+            else:
+                os.sched_yield()
+        ops = left
 
 
 def allreduce_resident(arr: np.ndarray, resident: Resident, op: int, kind: int,
