@@ -53,6 +53,8 @@ class Row:
     busbw_gbs: float
     memcpy_fraction: float
     ratio_to_native: float
+    best_s: float  # the fastest sample: what the case costs when the machine is quiet
+    best_ratio_to_native: float
     selected: str = ""  # what auto (or resident) ran
 
 
@@ -112,14 +114,15 @@ def time_collective(comm: MPI.Intracomm, fn: Callable[[], object], calls: int) -
 
 
 def _interleaved(comm: MPI.Intracomm, cases: dict[str, Callable[[], object]], reps: int,
-                 calls: int) -> dict[str, float]:
+                 calls: int) -> dict[str, tuple[float, float]]:
+    """(median, fastest) seconds per call of each case, the cases interleaved."""
     names = list(cases)
     samples: dict[str, list[float]] = {n: [] for n in names}
     for rep in range(reps):
         for i in range(len(names)):
             name = names[(rep + i) % len(names)]
             samples[name].append(time_collective(comm, cases[name], calls))
-    return {n: float(np.median(s)) for n, s in samples.items()}
+    return {n: (float(np.median(s)), min(s)) for n, s in samples.items()}
 
 
 def _calls_for(comm: MPI.Intracomm, fn: Callable[[], object]) -> int:
@@ -165,13 +168,14 @@ def sweep(group: Group, sizes: Sequence[int], algorithms: Sequence[str], reps: i
         for fn in cases.values():  # warm up: windows, process groups, compiled kernels
             fn()
         calls = _calls_for(group.comm, cases["native"])
-        medians = _interleaved(group.comm, cases, reps, calls)
-        for name, t in medians.items():
+        times = _interleaved(group.comm, cases, reps, calls)
+        native, native_best = times["native"]
+        for name, (t, best) in times.items():
             algbw = size / t
             busbw = algbw * 2 * (p - 1) / p
             rows.append(Row(size, name, p, t, algbw / 1e9, busbw / 1e9,
-                            busbw / memcpy_bps if memcpy_bps else 0.0,
-                            t / medians["native"], chosen.get(name, "")))
+                            busbw / memcpy_bps if memcpy_bps else 0.0, t / native, best,
+                            best / native_best, chosen.get(name, "")))
     return rows
 
 
@@ -206,9 +210,9 @@ def fusion_ratio(group: Group, bucket_bytes: int, resident: bool, reps: int,
     cases = {"fusion": through_buckets, "joined": lambda: allreduce(joined, comm=group)}
     for fn in cases.values():
         fn()
-    medians = _interleaved(group.comm, cases, reps, _calls_for(group.comm, cases["joined"]))
+    times = _interleaved(group.comm, cases, reps, _calls_for(group.comm, cases["joined"]))
     fused.close()
-    return medians["fusion"], medians["joined"], len(fused.buckets)
+    return times["fusion"][0], times["joined"][0], len(fused.buckets)
 
 
 def _human(n: float) -> str:
@@ -226,14 +230,15 @@ def _seconds(t: float) -> str:
 def format_table(rows: Sequence[Row], header: str) -> str:
     """The sweep as a text table, one block per size."""
     out = [header, f"{'size':>9}  {'algorithm':<26}{'median':>12}{'algbw GB/s':>12}"
-                   f"{'busbw GB/s':>12}{'of memcpy':>11}{'x native':>10}"]
+                   f"{'busbw GB/s':>12}{'of memcpy':>11}{'x native':>10}{'best':>7}"]
     last = None
     for r in rows:
         name = f"{r.algorithm} ({r.selected})" if r.selected else r.algorithm
         size = _human(r.size_bytes) if r.size_bytes != last else ""
         last = r.size_bytes
         out.append(f"{size:>9}  {name:<26}{_seconds(r.median_s):>12}{r.algbw_gbs:12.3f}"
-                   f"{r.busbw_gbs:12.3f}{r.memcpy_fraction:10.1%}{r.ratio_to_native:10.2f}")
+                   f"{r.busbw_gbs:12.3f}{r.memcpy_fraction:10.1%}{r.ratio_to_native:10.2f}"
+                   f"{r.best_ratio_to_native:7.2f}")
     return "\n".join(out)
 
 
@@ -288,7 +293,8 @@ def run_allreduce(group: Group, sizes: Sequence[int], algorithms: Sequence[str],
     header = (f"allreduce (sum) of {dtype} over {layout.size} ranks on {layout.nodes} node(s)"
               f"{', oversubscribed' if layout.oversubscribed else ''}; cost model: "
               f"{group.params.source}; memcpy, 1 core: {memcpy / 1e9:.1f} GB/s; {reps} "
-              f"repetitions, cases interleaved; x native = time / MPI_Allreduce time")
+              f"repetitions, cases interleaved; x native = median time / MPI_Allreduce's, "
+              f"best = the same for the fastest samples")
     rows = sweep(group, sizes, algorithms, reps, dtype, memcpy)
     if lead:
         echo(format_table(rows, header))

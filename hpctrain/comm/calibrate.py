@@ -10,8 +10,8 @@ dearest per byte is kept), so the model holds at both ends of the size range:
 - ``p2p``: ``MPI_Sendrecv`` between ranks ``2i`` and ``2i+1``;
 - ``net``: the same between the first ranks of two nodes (kept at the default on one node);
 - ``shm``: ``alpha`` = one flag synchronisation of the node's window, ``beta`` = one
-  core's copy time per byte;
-- ``gamma``: the reduction kernel's time per byte;
+  core's copy time per byte into the window;
+- ``gamma``: the reduction kernel's time per byte (into the window);
 - ``native`` and ``torch``: ``MPI_Allreduce`` and gloo's allreduce, as
   ``alpha * ceil(log2 p) + beta * 2 (p-1)/p * bytes``.
 
@@ -85,14 +85,14 @@ def calibrate(group: Group) -> CostParams:
         peer = {leaders[0]: leaders[1], leaders[1]: leaders[0]}.get(rank)
         net = fit(_exchange(comm, peer, 8), [_exchange(comm, peer, n) for n in _SIZES])
 
-    window = Window(group.node, 64, spin=group.spin)
+    window = Window(group.node, _LARGE, spin=group.spin)
     sync = _best(comm, window.sync, 200)
-    window.free()
     src = np.ones(_LARGE // 4, np.float32)
-    dst = np.zeros_like(src)
+    dst = window.row(window.rank, 0, src.dtype, src.size)  # shared memory, as in shm
     copy = _best(comm, lambda: np.copyto(dst, src), 2) / _LARGE
     gamma = _best(comm, lambda: kernels.reduce_pair(dst, src, kernels.SUM, kernels.ARITH),
                   2) / _LARGE
+    window.free()
 
     if p > 1:
         volume = 2.0 * (p - 1) / p
