@@ -136,7 +136,9 @@ class CommConfig:
     check: bool = option(False, "before each collective, agree across ranks on size, dtype "
                                 "and op (one small allgather) so a mismatch raises the same "
                                 "error on every rank")
-    bucket_kib: int = option(256, "gradient bucket size for tensor fusion (KiB)", min=1)
+    bucket_kib: int = option(25600, "gradient bucket size for tensor fusion (KiB); smaller "
+                                    "buckets start reducing earlier in backward, larger ones "
+                                    "synchronise less", min=1)
     overlap: bool = option(True, "start a bucket's allreduce during backward as soon as its "
                                  "last gradient is ready")
     resident: bool = option(True, "keep fused gradients in the node's shared window when the "
