@@ -147,6 +147,7 @@ def _bench(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -
         run_allreduce(group, args.sizes, [a for a in args.algorithms.split(",") if a],
                       args.reps, args.dtype, not args.no_fusion, args.json, args.plot,
                       echo=print)
+    group.free()
     return 0
 
 

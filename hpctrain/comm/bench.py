@@ -34,7 +34,7 @@ from hpctrain.comm.types import DTYPES, Request
 from hpctrain.errors import CommError
 
 __all__ = ["Row", "parse_sizes", "memcpy_bandwidth", "sweep", "fusion_ratio", "format_table",
-           "write_json", "plot", "time_collective"]
+           "write_json", "plot", "time_collective", "run_allreduce"]
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20,
           "mb": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}

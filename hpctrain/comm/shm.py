@@ -28,6 +28,7 @@ cores).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -49,9 +50,8 @@ from hpctrain.comm.types import (
 if TYPE_CHECKING:
     from hpctrain.comm.group import Group
 
-__all__ = ["Window", "Resident", "Shm", "SHM", "allreduce_slices", "allreduce_resident",
-           "ResidentAllreduce", "sync_cost", "small_limit",
-           "complete"]
+__all__ = ["Window", "Resident", "Shm", "SHM", "allreduce_small", "allreduce_slices",
+           "allreduce_resident", "ResidentAllreduce", "complete", "sync_cost", "small_limit"]
 
 _LINE = 64
 Between = Callable[[np.ndarray], None]
@@ -358,12 +358,8 @@ class Shm(Algorithm):
             resident = group.resident_of(arr) if req.resident else None
             if resident is not None:
                 allreduce_resident(arr, resident, op, kind)
-                return
-            arena = group.arena(req.nbytes)
-            if req.nbytes < small_limit(group.layout, group.params):
-                allreduce_small(arr, arena, op, kind)
             else:
-                allreduce_slices(arr, arena, op, kind)
+                self.bind(dataclasses.replace(req, resident=False), group)(arr)
             return
         arena = group.arena(req.nbytes)
         p, r = arena.size, arena.rank

@@ -25,16 +25,12 @@ from hpctrain.runtime.topology import shard_range
 if TYPE_CHECKING:
     from hpctrain.comm.group import Group
 
-__all__ = ["OPS", "PRIMITIVES", "DType", "DTYPES", "Cost", "Link", "CostParams", "Layout",
+__all__ = ["OPS", "DType", "DTYPES", "Cost", "Link", "CostParams", "Layout",
            "Request", "Algorithm", "chunk_bounds"]
 
 OPS = ("sum", "avg", "max", "min")
 OP_KERNEL = {"sum": kernels.SUM, "avg": kernels.SUM, "max": kernels.MAX, "min": kernels.MIN}
 """``avg`` reduces as a sum; the dispatcher divides by the group size afterwards."""
-
-PRIMITIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce")
-"""Primitives with several algorithms to choose from (gather, scatter and alltoallv are
-served by MPI itself)."""
 
 
 @dataclass(frozen=True)
