@@ -15,7 +15,8 @@ Window layout: rank ``k`` owns the chunk at ``k * chunk`` bytes: ``slots`` flag 
 Flags only grow and every rank passes the same values in the same order, so no reset is
 needed. The scratch arena keeps two halves and alternates them between calls: a rank
 writes a half again only after every rank has announced the call in between, that is,
-after every rank finished reading that half. Resident buffers (:meth:`Window.buffer`) are
+after every rank finished reading that half (:meth:`Window.next_half` says when a call
+may keep the same half). Resident buffers (:meth:`Window.buffer`) are
 rows the caller fills in place (the trainer's fused gradients), so an allreduce of one
 needs no copy in or out.
 
@@ -83,6 +84,7 @@ class Window:
         self._flags = [words[s * 8:: self.chunk // 8][: self.size] for s in range(slots)]
         self._values = [0] * slots
         self._views: dict[tuple[int, int, int], np.ndarray] = {}
+        self._last: tuple[int, ...] | None = None
         self.calls = 0
         self.win.Lock_all(MPI.MODE_NOCHECK)
         for flags in self._flags:
@@ -149,8 +151,16 @@ class Window:
         self.publish(value, slot)
         self.wait(value, slot)
 
-    def next_half(self) -> int:
-        self.calls += 1
+    def next_half(self, repeat: tuple[int, ...] | None = None) -> int:
+        """The half this call uses: the other one than last time, unless the call is a
+        two-synchronisation slice allreduce with the same slicing as the previous call
+        (``repeat``). That one may reuse the half: while it copies in, others can still
+        be copying out only its own slice, which it does not write before the first
+        synchronisation. Keeping one half halves the memory a loop of equal calls runs
+        through."""
+        if repeat is None or repeat != self._last:
+            self.calls += 1
+        self._last = repeat
         return self.calls % self.rows
 
     def free(self) -> None:
@@ -192,7 +202,7 @@ def allreduce_slices(arr: np.ndarray, arena: Window, op: int, kind: int,
     p, r = arena.size, arena.rank
     b = chunk_bounds(arr.size, p)
     lo, hi = b[r], b[r + 1]
-    half = arena.next_half()
+    half = arena.next_half(repeat=(arr.size, arr.itemsize))
     row = arena.row(r, half, arr.dtype, arr.size)
     row[:lo] = arr[:lo]
     row[hi:] = arr[hi:]

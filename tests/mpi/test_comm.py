@@ -148,6 +148,16 @@ def test_the_other_primitives_match_numpy():
                              algorithm=algorithm)
                 if r == root:
                     check_reduced(as_float64(got), inputs, "max", dtype, algorithm)
+    # Back-to-back shared-memory allreduces: equal sizes (which may reuse the window's
+    # half), a size change, and the one-synchronisation path in between.
+    for step in range(40):
+        n = (262_144, 262_144, 262_145, 1000)[step % 4]
+        x = np.full(n, float(r + step), np.float32)
+        x[step % n] += r
+        allreduce(x, comm=group, algorithm="shm")
+        expect = np.full(n, sum(range(p)) + p * step, np.float32)
+        expect[step % n] += sum(range(p))
+        np.testing.assert_array_equal(x, expect, err_msg=f"step {step}")
     part = np.arange(r + 2, dtype=np.int64) * (r + 1)
     whole = [np.arange(k + 2, dtype=np.int64) * (k + 1) for k in range(p)]
     gathered = gather(part, root=p - 1, comm=group)
