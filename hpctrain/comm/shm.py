@@ -345,9 +345,8 @@ class Shm(Algorithm):
         p, n = layout.size, req.nbytes
         sync = sync_cost(layout, params)
         if req.primitive == "allreduce":
-            slices = self.slices_cost(n, p, params, sync, req.resident)
-            return slices if req.resident else min(
-                slices, self.small_cost(n, p, params, sync), key=lambda c: c.seconds)
+            return min(self.slices_cost(n, p, params, sync, req.resident),
+                       self.small_cost(n, p, params, sync), key=lambda c: c.seconds)
         moved = {"reduce_scatter": 2.0 * (p - 1) / p * n, "allgather": 2.0 * (p - 1) / p * n,
                  "broadcast": 2.0 * n}[req.primitive]
         reduced = n if req.primitive == "reduce_scatter" else 0.0
@@ -355,18 +354,23 @@ class Shm(Algorithm):
                     compute_s=params.gamma * reduced)
 
     def bind(self, req: Request, group: Group) -> Callable[[np.ndarray], None]:
-        if req.primitive != "allreduce" or req.resident:
+        """Allreduce's path is fixed per request: latency-bound buffers (resident ones
+        too: copying them is cheaper than a second synchronisation) take the small path,
+        larger ones the slices, or the in-place path when resident."""
+        if req.primitive != "allreduce":
             return super().bind(req, group)
         op, kind, nbytes = OP_KERNEL[req.op], req.dtype.kind, req.nbytes
-        path = allreduce_small if nbytes < small_limit(group.layout, group.params) \
-            else allreduce_slices
-        return lambda arr: path(arr, group.arena(nbytes), op, kind)
+        if nbytes < small_limit(group.layout, group.params):
+            return lambda arr: allreduce_small(arr, group.arena(nbytes), op, kind)
+        if req.resident:
+            return super().bind(req, group)
+        return lambda arr: allreduce_slices(arr, group.arena(nbytes), op, kind)
 
     def run(self, req: Request, arr: np.ndarray, group: Group) -> None:
         op, kind = OP_KERNEL[req.op], req.dtype.kind
         if req.primitive == "allreduce":
             resident = group.resident_of(arr) if req.resident else None
-            if resident is not None:
+            if resident is not None and req.nbytes >= small_limit(group.layout, group.params):
                 allreduce_resident(arr, resident, op, kind)
             else:
                 self.bind(dataclasses.replace(req, resident=False), group)(arr)

@@ -58,6 +58,8 @@ def test_shared_memory_uses_its_one_sync_path_only_for_small_buffers():
         Shm.slices_cost(small, 4, params, sync, False).seconds
     assert Shm.small_cost(large, 4, params, sync).seconds > \
         Shm.slices_cost(large, 4, params, sync, False).seconds
+    assert SHM.cost(dataclasses.replace(allreduce(small), resident=True), ONE_NODE,
+                    params) == Shm.small_cost(small, 4, params, sync)
     resident = dataclasses.replace(allreduce(large), resident=True)
     assert SHM.cost(resident, ONE_NODE, params).seconds < \
         SHM.cost(allreduce(large), ONE_NODE, params).seconds
