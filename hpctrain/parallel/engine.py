@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from hpctrain.comm import Group
+from hpctrain.config import CommConfig
 from hpctrain.parallel.data import DataParallel
 from hpctrain.parallel.groups import ParallelGroups
 from hpctrain.parallel.pipeline import PipelineStage
@@ -32,10 +34,11 @@ class ParallelEngine:
     (an ``MPI_Bcast`` over the data group)."""
 
     def __init__(self, stage: nn.Module, groups: ParallelGroups, schedule: str,
-                 device: torch.device) -> None:
+                 device: torch.device, comm: CommConfig | None = None) -> None:
         self.stage, self.groups = stage, groups
         self.pipeline = PipelineStage(stage, groups.pipeline, schedule, device)
-        self.dp = DataParallel(stage, groups.data, extra=3)
+        comm = comm or CommConfig()
+        self.dp = DataParallel(stage, Group(groups.data, comm), comm, extra=3)
         self.device = device
 
     @property

@@ -94,7 +94,7 @@ class ModelParallelDLRM:
         if self.stage == 0:
             mine = FirstStage(tensor_parallel_mlp(full.bottom, groups.tensor), full._pairs, mine)
         self.module = mine.to(topo.device)
-        self.engine = ParallelEngine(self.module, groups, par.schedule, topo.device)
+        self.engine = ParallelEngine(self.module, groups, par.schedule, topo.device, config.comm)
         self.optimizer = DenseOptimizer(self.module.parameters(), tc.optimizer)
         self.embeddings = None
         if self.engine.first:
@@ -128,9 +128,9 @@ class ModelParallelDLRM:
 
         def check(local_loss: float) -> float:
             self.guard.loss(local_loss)
-            self.guard.gradients(self.engine.dp.flat[: self.engine.dp.numel], (
+            self.guard.gradients(
                 (f"{name} (stage {self.stage}, tensor shard {self.shard})", p)
-                for name, p in self.module.named_parameters()))
+                for name, p in self.module.named_parameters())
             if self.embeddings is not None:
                 self.guard.embedding_gradients(lookups, self.layout)
             return self.guard.flag

@@ -1,18 +1,23 @@
 """NaN and Inf in a training step: find them, agree, then stop or skip (``train.on_nonfinite``).
 
-Each worker checks its own share of a step before the step's gradient all-reduce and keeps
-the first finding, in this order: the dense features it read, its loss, its dense
-gradients, its embedding-row gradients. Its flag (1 when it found something) rides in that
-all-reduce beside the sample count and the loss sum, so every worker learns the same total
-without another collective (on the tensor/pipeline path the flag also rides in the
+Each worker checks its own share of a step and keeps the first finding: the dense features
+it read and its loss before the last backward, so that its flag (1 when it found something)
+rides in the step's gradient all-reduce beside the sample count and the loss sum (the first
+bucket leaves during that backward); then the summed dense gradients, the same on every
+worker, so their verdict needs no message. On the tensor/pipeline path, which reduces after
+the backward, the flag also covers the dense and embedding gradients and rides in the
 pipeline group's loss all-reduce, plus one 1-value all-reduce over the tensor group when
-``tp > 1``). Then, on every worker alike:
+``tp > 1``. Then, on every worker alike:
 
 - ``stop``: :func:`~hpctrain.runtime.abort.agree` over the workers (an allgather, on this
   path only) ends the job with one line naming the step, the ranks and the tensor;
 - ``skip``: nobody applies the step: the dense optimizer does not step and the embedding
   push is empty (still the same collective on replicated tables, still a clock tick on the
   parameter servers), so the model is exactly as before the step.
+
+Embedding-row gradients are each worker's own and are checked last, after the verdict:
+a non-finite one stops the job from that worker alone, or (``skip``) drops only that
+worker's rows from the push; either way the replicas and servers stay consistent.
 
 In full parameter-server mode workers share no collective and no step: each checks its own
 contribution and either stops the job (reporting alone) or drops that contribution (an empty
@@ -70,13 +75,12 @@ class NonFiniteGuard:
         if self.finding is None and not math.isfinite(value):
             self.finding = f"loss = {value}"
 
-    def gradients(self, flat: torch.Tensor,
-                  named: Iterable[tuple[str, torch.nn.Parameter]]) -> None:
-        """Check dense gradients: ``flat`` holds all of them (one test), ``named`` names the
-        parameters whose ``.grad`` views it."""
-        if self.finding is None and not bool(torch.isfinite(flat).all()):
-            self.finding = next(f"gradient of {name}" for name, p in named
-                                if p.grad is not None and not bool(torch.isfinite(p.grad).all()))
+    def gradients(self, named: Iterable[tuple[str, torch.nn.Parameter]]) -> None:
+        """Check the ``.grad`` of the named dense parameters."""
+        if self.finding is None:
+            self.finding = next((f"gradient of {name}" for name, p in named
+                                 if p.grad is not None and not bool(torch.isfinite(p.grad).all())),
+                                None)
 
     def embedding_gradients(self, lookups: list[Lookup], layout: TableLayout) -> None:
         """Check the gradients of the rows ``lookups`` pulled (global rows of ``layout``)."""
@@ -88,6 +92,17 @@ class NonFiniteGuard:
             table = int(layout.table_of(np.array([row]))[0])
             self.finding = (f"embedding gradient of table {layout.specs[table].name!r}, "
                             f"row {row - int(layout.offsets[table])}")
+
+    def embedding_share(self, step: int, lookups: list[Lookup], layout: TableLayout) -> bool:
+        """After the step's verdict: whether this worker's embedding-row gradients may be
+        pushed (see the module doc; a non-finite one raises in ``stop`` mode)."""
+        self.embedding_gradients(lookups, layout)
+        finding, self.finding = self.finding, None
+        if finding is None:
+            return True
+        _report(step, finding) if self.mode == "stop" else log.warning(
+            "step %d: this worker's embedding rows skipped: non-finite %s", step, finding)
+        return False
 
     def settle(self, step: int, flagged: float) -> bool:
         """The verdict on step ``step`` once ``flagged`` (the summed flags, the same on

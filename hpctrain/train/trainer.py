@@ -6,8 +6,9 @@ One step (``accumulate`` micro-batches per optimizer step):
 2. the batch's unique embedding rows come from the store: replicas on every worker, or the
    parameter servers (prefetched during the previous micro-batch when ``ps.prefetch``);
 3. the dense model runs forward and backward on the summed loss;
-4. dense gradients, the sample count and the loss sum are summed over the workers in one
-   allreduce and divided by the global count (an exact mean, also for uneven slices);
+4. dense gradients, the sample count and the loss sum are summed over the workers by
+   bucketed allreduces that start during the last backward (:mod:`hpctrain.comm.fusion`),
+   then divided by the global count (an exact mean, also for uneven slices);
 5. the dense optimizer steps, and the touched rows' gradients are pushed to the store, which
    applies the sparse optimizer where the rows live. The push ends the worker's step.
 
@@ -43,6 +44,7 @@ from embeddings.collection import EmbeddingCollection, Lookup
 from embeddings.optim import SparseOptimizer
 from embeddings.replicated import ReplicatedTables
 from embeddings.tables import LocalTables, TableLayout
+from hpctrain.comm import Group
 from hpctrain.comm.native import gatherv
 from hpctrain.config import JobConfig
 from hpctrain.data import Batch, Dataset, open_dataset
@@ -235,14 +237,14 @@ class Trainer:
             return
         torch.manual_seed(tc.seed)
         self.model = DLRM(config.model, len(self.layout.specs)).to(topo.device)
-        self.dp = DataParallel(self.model, self.comm, extra=3)
+        self.group = Group(self.comm, config.comm)
+        self.dp = DataParallel(self.model, self.group, config.comm, extra=3)
         self.optimizer = DenseOptimizer(self.model.parameters(), tc.optimizer)
         self.job = job
         if job:
             self.store = job.client(models)
             if config.ps.mode == "full":
-                self.dense_ps = DenseOnServers(self.dp.params, self.dp.flat, self.store,
-                                               job.layout)
+                self.dense_ps = DenseOnServers(self.dp.params, self.store, job.layout)
                 if manifest is None:
                     self.dense_ps.place_initial(self.comm)
         else:
@@ -323,7 +325,7 @@ class Trainer:
         if self.dense_ps:
             self.dense_ps.pull()
             self.phase_s["lookup"] += time.perf_counter() - started
-        for _ in range(tc.accumulate):
+        for micro in range(tc.accumulate):
             index, batch = ahead.pop() if ahead else next(batches)
             if self.prefetch:
                 upcoming = next(batches, None)
@@ -339,23 +341,27 @@ class Trainer:
             logits = self.model(self._tensor(batch.dense), embedded)
             loss = F.binary_cross_entropy_with_logits(logits, self._tensor(batch.labels),
                                                       reduction="sum")
+            count += len(batch)
+            loss_sum += loss.item()
+            self.guard.loss(loss_sum)
+            if micro == tc.accumulate - 1 and not self.dense_ps:
+                # the last backward starts the bucket allreduces; the step's statistics and
+                # this worker's verdict on its features and loss ride in the first bucket
+                self.dp.arm([count, loss_sum, self.guard.flag])
             loss.backward()
             compute_s += time.perf_counter() - t1
             self.phase_s["lookup"] += t1 - t0
             lookups.append(lookup)
-            count += len(batch)
-            loss_sum += loss.item()
         self.phase_s["compute"] += compute_s
         self.stragglers.delay(step, compute_s)
         lr = self.learning_rate(step)
-        self.guard.loss(loss_sum)
-        self.guard.gradients(self.dp.flat[: self.dp.numel], self.model.named_parameters())
-        self.guard.embedding_gradients(lookups, self.layout)
         if self.dense_ps:
             total, scale = tc.batch_size * tc.accumulate, 1.0 / (tc.batch_size * tc.accumulate)
             t0 = time.perf_counter()
+            self.guard.gradients(self.model.named_parameters())
             skip = self.guard.settle(step, self.guard.flag)  # drops this worker's share only
-            rows, grads = self.embeddings.gradients([] if skip else lookups, scale)
+            keep = not skip and self.guard.embedding_share(step, lookups, self.layout)
+            rows, grads = self.embeddings.gradients(lookups if keep else [], scale)
             if not skip:
                 dense_rows, dense_grads = self.dense_ps.gradients(scale)
                 rows, grads = np.concatenate([rows, dense_rows]), np.concatenate([grads,
@@ -367,7 +373,10 @@ class Trainer:
             return total, float("nan") if skip else loss_sum / max(count, 1)
         t0 = time.perf_counter()
         total, total_loss, flagged = self.dp.allreduce([count, loss_sum, self.guard.flag])
-        skip = self.guard.settle(step, flagged)
+        if not flagged:  # no root cause anywhere: the summed gradients, the same everywhere
+            self.guard.gradients(self.model.named_parameters())
+        skip = self.guard.settle(step, flagged + self.guard.flag)
+        keep = not skip and self.guard.embedding_share(step, lookups, self.layout)
         scale = 1.0 / max(total, 1.0)
         self.dp.scale(scale)
         t1 = time.perf_counter()
@@ -375,7 +384,7 @@ class Trainer:
             self.optimizer.step(lr)
         self.dp.zero()
         t2 = time.perf_counter()
-        self.store.push(*self.embeddings.gradients([] if skip else lookups, scale), lr)
+        self.store.push(*self.embeddings.gradients(lookups if keep else [], scale), lr)
         t3 = time.perf_counter()
         for phase, seconds in (("dense_sync", t1 - t0), ("optimizer", t2 - t1),
                                ("push", t3 - t2)):

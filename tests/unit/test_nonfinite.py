@@ -39,16 +39,13 @@ def test_loss_and_dense_gradients():
     assert guard.finding == "loss = inf"
 
     model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
-    flat = torch.zeros(sum(p.numel() for p in model.parameters()))
-    offset = 0
     for p in model.parameters():
-        p.grad = flat[offset:offset + p.numel()].view_as(p)
-        offset += p.numel()
+        p.grad = torch.zeros_like(p)
     guard = NonFiniteGuard("stop", None)
-    guard.gradients(flat, model.named_parameters())
+    guard.gradients(model.named_parameters())
     assert guard.finding is None
     model[1].weight.grad[0, 1] = float("nan")
-    guard.gradients(flat, model.named_parameters())
+    guard.gradients(model.named_parameters())
     assert guard.finding == "gradient of 1.weight"
 
 
@@ -62,6 +59,13 @@ def test_embedding_gradients_name_table_and_row():
     values.grad[2, 1] = -float("inf")
     guard.embedding_gradients([Lookup(np.array([1]), torch.zeros(1, 2)), lookup], LAYOUT)
     assert guard.finding == "embedding gradient of table 't1', row 15"
+
+    guard.finding = None  # after a verdict: this worker's rows alone are dropped, or it stops
+    assert guard.embedding_share(3, [lookup], LAYOUT) is False and guard.finding is None
+    with pytest.raises(NonFiniteError, match="step 3: non-finite embedding gradient of table"):
+        NonFiniteGuard("stop", None).embedding_share(3, [lookup], LAYOUT)
+    values.grad[2, 1] = 0.0
+    assert guard.embedding_share(4, [lookup], LAYOUT) is True
 
 
 def test_verdicts_of_one_worker():
