@@ -258,6 +258,13 @@ class TieredStore(EmbeddingStore):
         self._pending[:] = 0.0
         self._touched[:] = False
 
+    def withhold(self, rows: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The push that drops this worker's gradients (a non-finite share): no cold row,
+        and the hot rows with zero gradients, since every worker already counts on them in
+        the hot sum (:meth:`expect`)."""
+        hot = self.hot.locate(rows)[0]
+        return rows[hot], np.zeros_like(grads[hot])
+
     def hot_count(self, rows: np.ndarray) -> int:
         """Hot rows among the unique ``rows`` of the coming push: a caller that sums these
         counts over the workers in a collective it issues anyway hands them to

@@ -36,6 +36,7 @@ __all__ = [
     "CheckpointConfig",
     "ParallelConfig",
     "TieringConfig",
+    "CommConfig",
     "JobConfig",
     "load_config",
     "staleness_bound",
@@ -127,6 +128,9 @@ class TrainConfig:
                               "runs/<date-time>")
     seed: int = option(0, "seed of the model initialisation", min=0)
     progress: bool = option(True, "tqdm progress bar on rank 0")
+    on_nonfinite: str = option("stop", "a step with a NaN or Inf in its dense features, loss or "
+                                       "gradients: stop naming step, rank and tensor, or skip "
+                                       "it on every worker", choices=("stop", "skip"))
 
 
 @dataclass(frozen=True)
@@ -227,6 +231,29 @@ class TieringConfig:
 
 
 @dataclass(frozen=True)
+class CommConfig:
+    algorithm: str = option("auto", "allreduce algorithm; auto runs the cheapest by the cost "
+                                    "model", choices=("auto", "shm", "hierarchical",
+                                                      "recursive_doubling", "halving_doubling",
+                                                      "ring", "tree", "native", "torch"))
+    check: bool = option(False, "before each collective, agree across ranks on size, dtype "
+                                "and op (one small allgather) so a mismatch raises the same "
+                                "error on every rank")
+    bucket_kib: int = option(25600, "gradient bucket size for tensor fusion (KiB); smaller "
+                                    "buckets start reducing earlier in backward, larger ones "
+                                    "synchronise less", min=1)
+    overlap: bool = option(True, "start a bucket's allreduce during backward as soon as its "
+                                 "last gradient is ready")
+    resident: bool = option(True, "keep fused gradients in the node's shared window when the "
+                                  "workers fit one node (zero-copy allreduce)")
+    calibration: str = option("", "cost-model file from `hpctrain bench calibrate` (relative "
+                                  "to the job file's folder); empty uses built-in defaults")
+    node_size: int = option(0, "ranks per node; 0 detects nodes, n > 0 treats each n "
+                               "consecutive ranks as one node (exercises the inter-node "
+                               "phase on one machine)", min=0)
+
+
+@dataclass(frozen=True)
 class JobConfig:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -237,6 +264,7 @@ class JobConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     tiering: TieringConfig = field(default_factory=TieringConfig)
+    comm: CommConfig = field(default_factory=CommConfig)
     source: str = field(default="", compare=False, metadata={"internal": True})
     """Where the job came from (file path or ``embedded default``), for messages."""
 
@@ -349,11 +377,14 @@ def _read_toml(path: Path) -> dict[str, Any]:
 
 def _resolve_paths(table: dict[str, Any], folder: Path) -> None:
     data = table.get("data")
-    if not isinstance(data, dict):
-        return
-    for key in ("paths", "eval_paths"):
-        if isinstance(data.get(key), list):
-            data[key] = [str(folder / p) if isinstance(p, str) else p for p in data[key]]
+    if isinstance(data, dict):
+        for key in ("paths", "eval_paths"):
+            if isinstance(data.get(key), list):
+                data[key] = [str(folder / p) if isinstance(p, str) else p for p in data[key]]
+    comm = table.get("comm")
+    if isinstance(comm, dict) and isinstance(comm.get("calibration"), str) and \
+            comm["calibration"]:
+        comm["calibration"] = str(folder / comm["calibration"])
 
 
 def _flatten(table: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:

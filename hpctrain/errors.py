@@ -16,6 +16,7 @@ __all__ = [
     "EmbeddingError",
     "PSError",
     "CheckpointError",
+    "NonFiniteError",
 ]
 
 
@@ -45,3 +46,7 @@ class PSError(HpctrainError):
 
 class CheckpointError(HpctrainError):
     """A checkpoint is missing, truncated, foreign or incompatible with the config."""
+
+
+class NonFiniteError(HpctrainError):
+    """A training step met a NaN or Inf; the message names the step, tensor and rank."""

@@ -29,9 +29,11 @@ def mpiexec() -> str:
 
 
 def child_env(child: bool = False) -> dict[str, str]:
-    """Environment of spawned ranks: one thread each (ranks share the cores); ``child``
-    marks a pytest child that runs an ``mpi``-marked test body."""
+    """Environment of spawned ranks: one thread each (ranks share the cores), collectives
+    in checking mode (ranks agree on each call first); ``child`` marks a pytest child that
+    runs an ``mpi``-marked test body."""
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    env.setdefault("HPCTRAIN_COMM__CHECK", "true")
     if child:
         env[CHILD_ENV] = "1"
     return env

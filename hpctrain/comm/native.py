@@ -1,27 +1,44 @@
-"""Collectives served by the MPI library itself (the baseline every other algorithm beats).
+"""Collectives served by the MPI library itself: the baseline every other algorithm is
+measured against, and the implementation of the rarely hot primitives (gather, scatter,
+variable-length allgather, alltoallv).
 
 Each function states the collective it issues; all are collective over ``comm``.
+MPI has no 16-bit float reduction, so reductions of float16/bfloat16 widen to float32,
+reduce, and round back (float32 accumulation, one rounding).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["allreduce_sum", "allgatherv", "gatherv"]
+from hpctrain.comm import kernels
+from hpctrain.comm.types import (
+    Algorithm,
+    Cost,
+    CostParams,
+    Layout,
+    Link,
+    Request,
+    chunk_bounds,
+)
 
+if TYPE_CHECKING:
+    from hpctrain.comm.group import Group
 
-def allreduce_sum(buf: np.ndarray, comm: MPI.Intracomm) -> np.ndarray:
-    """In-place ``MPI_Allreduce`` (sum) of a contiguous buffer; returns ``buf``."""
-    if comm.Get_size() > 1:
-        comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
-    return buf
+__all__ = ["Native", "NATIVE", "allgatherv", "gatherv", "scatterv", "alltoallv",
+           "library_cost"]
+
+MPI_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
 
 
 def allgatherv(part: np.ndarray, comm: MPI.Intracomm) -> np.ndarray:
     """Concatenation, in rank order, of every rank's ``part`` (same dtype and trailing
     shape on all ranks, any leading length): ``MPI_Allgather`` of the lengths, then
-    ``MPI_Allgatherv``."""
+    ``MPI_Allgatherv``. (The in-place ``allgather`` of :mod:`hpctrain.comm` fills equal
+    chunks of one buffer instead; this one serves variable-length sparse rows.)"""
     if comm.Get_size() == 1:
         return part
     part = np.ascontiguousarray(part)
@@ -47,3 +64,89 @@ def gatherv(part: np.ndarray, comm: MPI.Intracomm, root: int = 0) -> np.ndarray 
     out = np.empty(int(counts.sum()), dtype=part.dtype)
     comm.Gatherv(part, [out, counts], root=root)
     return out
+
+
+def scatterv(whole: np.ndarray | None, count: int, dtype: np.dtype, comm: MPI.Intracomm,
+             root: int = 0) -> np.ndarray:
+    """This rank's balanced chunk of ``root``'s 1-D ``whole`` (``count`` elements of
+    ``dtype``, known on every rank): ``MPI_Scatterv``."""
+    b = chunk_bounds(count, comm.Get_size())
+    rank = comm.Get_rank()
+    out = np.empty(b[rank + 1] - b[rank], dtype=dtype)
+    counts = np.diff(b)
+    comm.Scatterv([whole, counts, b[:-1], None] if rank == root else None, out, root=root)
+    return out
+
+
+def alltoallv(send: np.ndarray, counts: np.ndarray, comm: MPI.Intracomm
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """Personalised exchange: ``send`` holds ``counts[i]`` rows for rank ``i``, in rank
+    order; returns the rows received (in source order) and the count from each source.
+    ``MPI_Alltoall`` of the counts, then ``MPI_Alltoallv``."""
+    send = np.ascontiguousarray(send)
+    row = int(np.prod(send.shape[1:], dtype=np.int64))
+    counts = np.asarray(counts, dtype=np.int64)
+    recv_counts = np.empty_like(counts)
+    comm.Alltoall(counts, recv_counts)
+    out = np.empty((int(recv_counts.sum()), *send.shape[1:]), dtype=send.dtype)
+    sdispl = np.concatenate(([0], np.cumsum(counts)[:-1])) * row
+    rdispl = np.concatenate(([0], np.cumsum(recv_counts)[:-1])) * row
+    comm.Alltoallv([send, counts * row, sdispl, None], [out, recv_counts * row, rdispl, None])
+    return out, recv_counts
+
+
+def library_cost(link: Link, req: Request, layout: Layout, params: CostParams) -> Cost:
+    """A library collective fitted as ``alpha * ceil(log2 p)`` plus ``beta`` per byte each
+    rank sends in a bandwidth-optimal schedule (native MPI and torch.distributed); across
+    nodes no faster than the network."""
+    p, n = layout.size, req.nbytes
+    alpha, beta = link.alpha, link.beta
+    if layout.nodes > 1:
+        alpha, beta = max(alpha, params.net.alpha), max(beta, params.net.beta)
+    if layout.oversubscribed:
+        alpha *= params.oversubscribed
+    volume = {"allreduce": 2.0 * (p - 1) / p * n, "reduce_scatter": (p - 1) / p * n,
+              "allgather": (p - 1) / p * n, "broadcast": 2.0 * n, "reduce": 2.0 * n}
+    return Cost(latency_s=alpha * layout.log2, transfer_s=beta * volume[req.primitive])
+
+
+class Native(Algorithm):
+    """``MPI_Allreduce``, ``MPI_Reduce_scatter``, ``MPI_Allgatherv``, ``MPI_Bcast`` and
+    ``MPI_Reduce`` over ``group.comm``."""
+
+    name = "native"
+    primitives = frozenset({"allreduce", "reduce_scatter", "allgather", "broadcast", "reduce"})
+
+    def cost(self, req: Request, layout: Layout, params: CostParams) -> Cost:
+        return library_cost(params.native, req, layout, params)
+
+    def run(self, req: Request, arr: np.ndarray, group: Group) -> None:
+        comm, prim = group.comm, req.primitive
+        if prim == "broadcast":
+            comm.Bcast(arr, root=req.root)
+            return
+        p, r = comm.Get_size(), comm.Get_rank()
+        b = chunk_bounds(arr.size, p)
+        if prim == "allgather":
+            comm.Allgatherv(MPI.IN_PLACE, [arr, np.diff(b), b[:-1], None])
+            return
+        wide = arr if req.dtype.kind == kernels.ARITH else np.empty(arr.size, np.float32)
+        if wide is not arr:
+            kernels.widen(arr, wide, req.dtype.kind)
+        op = MPI_OPS[req.op]
+        if prim == "allreduce":
+            comm.Allreduce(MPI.IN_PLACE, wide, op=op)
+        elif prim == "reduce":
+            comm.Reduce(MPI.IN_PLACE if r == req.root else wide, wide if r == req.root else None,
+                        op=op, root=req.root)
+            if r != req.root:
+                return
+        else:  # reduce_scatter: this rank's chunk, written back in place
+            out = np.empty(b[r + 1] - b[r], wide.dtype)
+            comm.Reduce_scatter(wide, out, np.diff(b), op=op)
+            wide[b[r]:b[r + 1]] = out
+        if wide is not arr:
+            kernels.narrow(wide, arr, req.dtype.kind)
+
+
+NATIVE = Native()

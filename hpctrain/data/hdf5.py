@@ -218,6 +218,8 @@ class HDF5Dataset(Dataset):
                 raise DataError(f"{self.path}: /{split} datasets disagree on the sample "
                                 f"count: {counts}")
             self._rows[split] = counts["dense"]
+        if not self._rows["train"]:
+            raise DataError(f"{self.path}: /train holds no samples; {_HINT}")
 
 
 def _plain(value: Any) -> Any:

@@ -1,7 +1,7 @@
 """The two :class:`~hpctrain.parallel.types.Group` backends and their choice from the grid.
 
-- :class:`MPIGroup`: an MPI communicator; sums use the toolkit's collective
-  (:func:`hpctrain.comm.native.allreduce_sum`), the rest MPI calls on host buffers (a CUDA
+- :class:`MPIGroup`: an MPI communicator; reductions use the toolkit's collectives
+  (:func:`hpctrain.comm.allreduce`), the rest MPI calls on host buffers (a CUDA
   tensor is staged through the host, which is why ``parallel.backend = "auto"`` picks torch
   on CUDA).
 - :class:`TorchGroup`: a torch.distributed group (NCCL on CUDA, gloo on CPU) whose tensors
@@ -19,13 +19,14 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from hpctrain.comm.native import allgatherv, allreduce_sum
+from hpctrain.comm import Group as CommGroup
+from hpctrain.comm import allreduce
+from hpctrain.comm.native import allgatherv
 from hpctrain.parallel.types import Group, Pending
 from hpctrain.runtime.world import GridComms
 
 __all__ = ["MPIGroup", "TorchGroup", "ParallelGroups", "parallel_groups"]
 
-_MPI_OPS = {"sum": MPI.SUM, "max": MPI.MAX}
 _TORCH_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 
 
@@ -54,18 +55,17 @@ class MPIGroup(Group):
     """A group over an MPI communicator (rank = communicator rank)."""
 
     def __init__(self, comm: MPI.Intracomm) -> None:
+        """Collective over ``comm`` (builds the collectives' :class:`~hpctrain.comm.Group`)."""
         self.comm = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.group = CommGroup(comm)
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
-        """``MPI_Allreduce`` in place (sum through :func:`allreduce_sum`)."""
+        """In-place allreduce by the toolkit's cheapest algorithm for the size."""
         if self.size == 1:
             return tensor
         host = _host(tensor)
-        if op == "sum":
-            allreduce_sum(host, self.comm)
-        else:
-            self.comm.Allreduce(MPI.IN_PLACE, host, op=_MPI_OPS[op])
+        allreduce(host, op, comm=self.group)
         return _back(tensor, host)
 
     def all_gather(self, tensor: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:

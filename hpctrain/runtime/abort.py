@@ -9,7 +9,10 @@ every rank and exits non-zero. :func:`run_guarded` wraps a command's body:
 - anything else prints the rank and traceback and aborts with code 1.
 
 Errors raised identically by every rank before the first message (config validation) are
-handled by the CLI without aborting, so they print once.
+handled by the CLI without aborting, so they print once. Where ranks may or may not fail
+together (opening the data, a step's non-finite values), :func:`agree` shares every rank's
+outcome first and raises :class:`AgreedError` on all of them: the job prints one line, and
+exits with code 2 without an abort when the whole world agreed.
 """
 
 from __future__ import annotations
@@ -17,14 +20,15 @@ from __future__ import annotations
 import os
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from mpi4py import MPI
 
 from hpctrain.errors import HpctrainError
 
-__all__ = ["USER_ERROR", "run_guarded", "abort_job", "world_rank", "world_size"]
+__all__ = ["USER_ERROR", "AgreedError", "agree", "run_guarded", "abort_job", "world_rank",
+           "world_size"]
 
 USER_ERROR = 2
 T = TypeVar("T")
@@ -47,10 +51,68 @@ def abort_job(message: str, code: int) -> None:
     os._exit(code)  # MPI_Abort may return before the launcher kills us: run nothing more
 
 
+class AgreedError(HpctrainError):
+    """A user error that every rank of ``comm`` raises together (see :func:`agree`)."""
+
+    def __init__(self, message: str, comm: MPI.Intracomm) -> None:
+        super().__init__(message)
+        self.comm = comm
+
+
+def agree(comm: MPI.Intracomm, body: Callable[[], T]) -> T:
+    """Run ``body`` on every rank of ``comm`` and agree on its user errors.
+
+    Collective over ``comm``: one ``allgather`` of each rank's world rank and error text
+    (``None`` on success). When ``body`` raised an :class:`HpctrainError` on any rank, every
+    rank raises :class:`AgreedError` with the lowest failing rank's message, prefixed by the
+    world ranks that failed with it; :func:`run_guarded` then prints it once.
+    """
+    try:
+        result, error = body(), None
+    except HpctrainError as exc:
+        result, error = None, str(exc)
+    outcomes = comm.allgather((world_rank(), error))
+    failed = [(rank, text) for rank, text in outcomes if text is not None]
+    if not failed:
+        return result
+    message = failed[0][1]
+    same = [rank for rank, text in failed if text == message]
+    others = len(failed) - len(same)
+    tail = f" (and {others} more rank{'s' if others > 1 else ''} failing otherwise)" \
+        if others else ""
+    raise AgreedError(f"[{_ranks(same)}] {message}{tail}", comm)
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    """``rank 3``, or ``ranks 0-2, 5`` (sorted ranks as ranges)."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    spans: list[list[int]] = []
+    for rank in ranks:
+        if spans and rank == spans[-1][1] + 1:
+            spans[-1][1] = rank
+        else:
+            spans.append([rank, rank])
+    return "ranks " + ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans)
+
+
+def _end_agreed(exc: AgreedError) -> None:
+    """Print an agreed error once; leave together when the whole world agreed, else abort
+    (after a barrier over the agreeing ranks, so the line is out first)."""
+    if exc.comm.Get_rank() == 0:
+        print(f"hpctrain: error: {exc}", file=sys.stderr, flush=True)
+    if exc.comm.Get_size() < world_size():
+        exc.comm.Barrier()
+        MPI.COMM_WORLD.Abort(USER_ERROR)
+    sys.exit(USER_ERROR)
+
+
 def run_guarded(body: Callable[[], T]) -> T:
     """Run ``body``; on an exception on this rank, end the whole job (see module doc)."""
     try:
         return body()
+    except AgreedError as exc:
+        _end_agreed(exc)
     except HpctrainError as exc:
         abort_job(f"hpctrain: error: [rank {world_rank()}] {exc}", USER_ERROR)
     except KeyboardInterrupt:

@@ -16,6 +16,7 @@ in the collectives or the parameter-server client consult it through :func:`curr
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import socket
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["Board", "Wait", "install", "uninstall", "current"]
+__all__ = ["Board", "Wait", "watch", "uninstall", "current"]
 
 log = logging.getLogger(__name__)
 
@@ -49,21 +50,23 @@ class Board:
     """The world's board of waits and the limits that act on it (collective to create)."""
 
     def __init__(self, world: MPI.Intracomm, warn_s: float, abort_s: float) -> None:
-        self.world = world
+        self.world = world.Dup()
+        self.world.Set_name(world.Get_name())
         self.warn_s = warn_s
         self.abort_s = abort_s
-        self.window = MPI.Win.Allocate(_FIELDS * 8, 8, comm=world)
+        self.window = MPI.Win.Allocate(_FIELDS * 8, 8, comm=self.world)
         self.entry = np.frombuffer(self.window.tomemory(), dtype=np.int64)
         self.entry[:] = 0
         self.entry[5] = os.getpid()
         self.entry[6] = _host_id()
         self.window.Lock_all()
         self.calls: dict[int, int] = {}
-        world.Barrier()
+        self.world.Barrier()
 
     def free(self) -> None:
         self.window.Unlock_all()
         self.window.Free()
+        self.world.Free()
 
     # -- publishing ------------------------------------------------------------------------
 
@@ -122,9 +125,15 @@ class Board:
 _current: Board | None = None
 
 
-def install(board: Board) -> None:
+def watch(world: MPI.Intracomm, warn_s: float, abort_s: float) -> None:
+    """Watch waits over ``world`` with these limits. The first call creates the process's
+    board (collective over ``world``), later ones only change its limits; the board is
+    freed at exit, before MPI finalises."""
     global _current
-    _current = board
+    if _current is None:
+        _current = Board(world, warn_s, abort_s)
+        atexit.register(uninstall)
+    _current.warn_s, _current.abort_s = warn_s, abort_s
 
 
 def uninstall() -> None:

@@ -162,8 +162,8 @@ def build_topology(config: JobConfig, base: MPI.Intracomm | None = None) -> Topo
     role_comm = world.Split(1 if roles.is_server(rank) else 0, key=rank)
     role_comm.Set_name("hpctrain.servers" if roles.is_server(rank) else "hpctrain.workers")
     rc = config.runtime
-    if base == MPI.COMM_WORLD and (rc.watchdog_warn_s or rc.watchdog_abort_s):
-        watchdog.install(watchdog.Board(world, rc.watchdog_warn_s, rc.watchdog_abort_s))
+    if base == MPI.COMM_WORLD:
+        watchdog.watch(world, rc.watchdog_warn_s, rc.watchdog_abort_s)
     threads = threads_per_rank(available_cores(), node.Get_size(), config.runtime.threads)
     torch.set_num_threads(threads)
     device = _select_device(config.runtime.device, node.Get_rank())

@@ -33,12 +33,10 @@ def with_dense_table(layout: TableLayout, numel: int) -> TableLayout:
 
 
 class DenseOnServers:
-    def __init__(self, params: list[torch.nn.Parameter], flat_grads: torch.Tensor,
-                 client: PSClient, layout: TableLayout) -> None:
-        """``flat_grads`` holds every parameter's gradient, in ``params`` order."""
+    def __init__(self, params: list[torch.nn.Parameter], client: PSClient,
+                 layout: TableLayout) -> None:
         self.params = params
         self.numel = sum(p.numel() for p in params)
-        self.flat_grads = flat_grads
         self.client = client
         first = int(layout.offsets[-1])
         self.rows = np.arange(first, first + int(layout.sizes[-1]), dtype=np.int64)
@@ -63,7 +61,8 @@ class DenseOnServers:
 
     def gradients(self, scale: float) -> tuple[np.ndarray, np.ndarray]:
         """(rows, gradient rows) of the dense table, multiplied by ``scale``."""
-        flat = self.flat_grads[: self.numel].detach().cpu().numpy() * np.float32(scale)
+        flat = torch.cat([p.grad.detach().reshape(-1).cpu() for p in self.params]).numpy()
+        flat *= np.float32(scale)
         return self.rows, self._as_rows(flat)
 
     def _as_rows(self, flat: np.ndarray) -> np.ndarray:

@@ -15,6 +15,7 @@ tensor rank of stage 0 keeps an identical replica, updated identically).
 
 from __future__ import annotations
 
+import logging
 import time
 
 import numpy as np
@@ -37,9 +38,12 @@ from hpctrain.parallel.pipeline import micro_sizes
 from hpctrain.parallel.stages import layers_of
 from hpctrain.runtime.topology import shard_range
 from hpctrain.runtime.world import Topology
+from hpctrain.train.nonfinite import NonFiniteGuard, finite_samples
 from hpctrain.train.optim import DenseOptimizer
 
 __all__ = ["ModelParallelDLRM", "wants_model_parallel", "top_cuts"]
+
+log = logging.getLogger(__name__)
 
 
 def wants_model_parallel(config: ParallelConfig) -> bool:
@@ -72,8 +76,10 @@ class ModelParallelDLRM:
     """This rank's stage of the DLRM, its optimizer and (on stage 0) the embedding tables."""
 
     def __init__(self, config: JobConfig, topo: Topology, dataset: Dataset,
-                 layout: TableLayout) -> None:
-        self.config, self.topo, self.dataset = config, topo, dataset
+                 layout: TableLayout, guard: NonFiniteGuard) -> None:
+        """``guard`` (over all the workers) judges each step's non-finite values."""
+        self.config, self.topo, self.dataset, self.guard = config, topo, dataset, guard
+        self.layout = layout
         par, tc = config.parallel, config.train
         self.replica, self.stage, self.shard = topo.grid.coords
         self.replicas = topo.grid.grid.dp
@@ -88,7 +94,7 @@ class ModelParallelDLRM:
         if self.stage == 0:
             mine = FirstStage(tensor_parallel_mlp(full.bottom, groups.tensor), full._pairs, mine)
         self.module = mine.to(topo.device)
-        self.engine = ParallelEngine(self.module, groups, par.schedule, topo.device)
+        self.engine = ParallelEngine(self.module, groups, par.schedule, topo.device, config.comm)
         self.optimizer = DenseOptimizer(self.module.parameters(), tc.optimizer)
         self.embeddings = None
         if self.engine.first:
@@ -102,7 +108,11 @@ class ModelParallelDLRM:
         returns (global samples, mean loss, data seconds)."""
         tc, m = self.config.train, self.config.parallel.micro_batches
         t0 = time.perf_counter()
-        batches = [self._read("train", step * tc.accumulate + k) for k in range(tc.accumulate)]
+        batches = []
+        for index in range(step * tc.accumulate, (step + 1) * tc.accumulate):
+            start, stop = self._slice("train", index)
+            batches.append(self.dataset.read("train", start, stop))
+            self.guard.features(batches[-1].dense, start)
         micro = [b for batch in batches for b in _split(batch, m)]
         data_s = time.perf_counter() - t0
         lookups: list[Lookup] = []
@@ -116,13 +126,26 @@ class ModelParallelDLRM:
             return F.binary_cross_entropy_with_logits(
                 logits.squeeze(1), self._tensor(micro[i].labels), reduction="sum")
 
-        count, loss_sum = self.engine.backward([len(b) for b in micro], inputs, loss)
+        def check(local_loss: float) -> float:
+            self.guard.loss(local_loss)
+            self.guard.gradients(
+                (f"{name} (stage {self.stage}, tensor shard {self.shard})", p)
+                for name, p in self.module.named_parameters())
+            if self.embeddings is not None:
+                self.guard.embedding_gradients(lookups, self.layout)
+            return self.guard.flag
+
+        count, loss_sum, flagged = self.engine.backward([len(b) for b in micro], inputs, loss,
+                                                        check)
+        skip = self.guard.settle(step, flagged)
         scale = 1.0 / max(count, 1)
-        self.optimizer.step(lr)
+        if not skip:
+            self.optimizer.step(lr)
         if self.embeddings is not None:
-            self.embeddings.store.push(*self.embeddings.gradients(lookups, scale), lr)
+            self.embeddings.store.push(
+                *self.embeddings.gradients([] if skip else lookups, scale), lr)
         self.engine.zero_grad()
-        return count, loss_sum * scale, data_s
+        return count, float("nan") if skip else loss_sum * scale, data_s
 
     @torch.no_grad()
     def scores(self) -> tuple[np.ndarray, np.ndarray]:
@@ -134,9 +157,12 @@ class ModelParallelDLRM:
         keep = self.engine.last and self.shard == 0
         probs, labels = [np.empty(0, np.float32)], [np.empty(0, np.float32)]
         self.module.eval()
+        left_out = 0
         for start in range(lo, hi, chunk):
-            micro = _split(self.dataset.read("eval", start, min(hi, start + chunk)),
-                           self.config.parallel.micro_batches)
+            read = self.dataset.read("eval", start, min(hi, start + chunk))
+            batch, dropped = finite_samples(read)
+            left_out += dropped
+            micro = _split(batch, self.config.parallel.micro_batches)
             outputs = self.engine.infer(
                 [len(b) for b in micro],
                 lambda i, micro=micro: (self._tensor(micro[i].dense),
@@ -145,12 +171,14 @@ class ModelParallelDLRM:
                 probs += [torch.sigmoid(y.squeeze(1)).cpu().numpy() for y in outputs]
                 labels += [b.labels for b in micro]
         self.module.train()
+        if left_out and keep:
+            log.warning("evaluation left out %d samples with non-finite dense features",
+                        left_out)
         return np.concatenate(probs), np.concatenate(labels)
 
-    def _read(self, split: str, index: int) -> Batch:
-        start, stop = local_slice(index, self.dataset.num_samples(split),
-                                  self.config.train.batch_size, self.replica, self.replicas)
-        return self.dataset.read(split, start, stop)
+    def _slice(self, split: str, index: int) -> tuple[int, int]:
+        return local_slice(index, self.dataset.num_samples(split),
+                           self.config.train.batch_size, self.replica, self.replicas)
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(array).to(self.topo.device)

@@ -43,6 +43,9 @@ def format_summary(summary: Summary, workers: int) -> str:
                      f"({s['deferred_wait_s']:.2f} s), {s['resident_bytes'] / 2**20:,.1f} MB"))
     if summary.skipped_lines:
         rows.append(("skipped input lines", f"{summary.skipped_lines:,}"))
+    if any(summary.skipped_steps):
+        rows.append(("skipped steps (NaN/Inf)", ", ".join(map(str, summary.skipped_steps))
+                     + " (per worker)"))
     rows.append(("run dir", summary.run_dir))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)

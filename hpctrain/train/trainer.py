@@ -7,12 +7,16 @@ One step (``accumulate`` micro-batches per optimizer step):
    parameter servers (prefetched during the previous micro-batch when ``ps.prefetch``),
    with the most used rows replicated on the workers when ``tiering.budget`` is set;
 3. the dense model runs forward and backward on the summed loss;
-4. dense gradients, the sample count and the loss sum are summed over the workers in one
-   allreduce and divided by the global count (an exact mean, also for uneven slices);
+4. dense gradients, the sample count and the loss sum are summed over the workers by
+   bucketed allreduces that start during the last backward (:mod:`hpctrain.comm.fusion`),
+   then divided by the global count (an exact mean, also for uneven slices);
 5. the dense optimizer steps, and the touched rows' gradients are pushed to the store, which
    applies the sparse optimizer where the rows live. The push ends the worker's step; with
    tiering it also moves rows between the tiers every ``tiering.interval`` steps (timed as
    the ``retier`` phase).
+
+A step with a NaN or Inf is stopped or skipped by every worker alike (``train.on_nonfinite``,
+:mod:`hpctrain.train.nonfinite`): each worker's verdict rides in step 4's allreduce.
 
 In full parameter-server mode (``ps.mode = "full"``) steps 4-5 change: there is no
 allreduce; the dense parameters are pulled from the servers before the step and their
@@ -45,12 +49,14 @@ from embeddings.optim import SparseOptimizer
 from embeddings.replicated import ReplicatedTables
 from embeddings.tables import LocalTables, TableLayout
 from embeddings.tiered import TieredStore
+from hpctrain.comm import Group
 from hpctrain.comm.native import gatherv
 from hpctrain.config import JobConfig
 from hpctrain.data import Batch, Dataset, open_dataset
 from hpctrain.data.sharding import batches_per_epoch, local_slice
 from hpctrain.models.dlrm import DLRM
 from hpctrain.parallel.data import DataParallel
+from hpctrain.runtime.abort import agree
 from hpctrain.runtime.env import peak_rss_bytes
 from hpctrain.runtime.topology import shard_range
 from hpctrain.runtime.world import Topology
@@ -61,6 +67,7 @@ from hpctrain.train import checkpoint as ckpt
 from hpctrain.train import checkpointing, metrics
 from hpctrain.train.dense_ps import DenseOnServers, with_dense_table
 from hpctrain.train.model_parallel import ModelParallelDLRM, wants_model_parallel
+from hpctrain.train.nonfinite import NonFiniteGuard, finite_samples
 from hpctrain.train.optim import DenseOptimizer
 from hpctrain.train.rundir import RunDir, default_run_dir
 from ps.service import PSJob
@@ -85,6 +92,8 @@ class Summary:
     eval: dict[str, float] = field(default_factory=dict)
     peak_rss_mb: list[float] = field(default_factory=list)
     skipped_lines: int = 0
+    skipped_steps: list[int] = field(default_factory=list)
+    """Per worker: steps (full PS mode: own contributions) skipped for non-finite values."""
     run_dir: str = ""
     ps_clients: list[dict[str, float]] = field(default_factory=list)
     ps_servers: list[dict[str, object]] = field(default_factory=list)
@@ -111,7 +120,8 @@ class Summary:
                 "samples_per_s": self.samples_per_s,
                 "step_samples_per_s": self.step_samples_per_s, "train_loss": self.train_loss,
                 "eval": self.eval, "peak_rss_mb": self.peak_rss_mb,
-                "skipped_lines": self.skipped_lines, "ps_clients": self.ps_clients,
+                "skipped_lines": self.skipped_lines, "skipped_steps": self.skipped_steps,
+                "ps_clients": self.ps_clients,
                 "ps_servers": self.ps_servers, "step_times": self.step_times,
                 "staleness": self.staleness(), "tiering": self.tiering}
 
@@ -146,7 +156,7 @@ def run_training(config: JobConfig, topo: Topology,
     run_dir = topo.world.bcast(config.train.run_dir or default_run_dir(), root=0)
     config = dataclasses.replace(config, train=dataclasses.replace(config.train,
                                                                    run_dir=run_dir))
-    dataset = open_dataset(config.data) if topo.is_worker else None
+    dataset = agree(topo.world, lambda: open_dataset(config.data) if topo.is_worker else None)
     sizes = topo.world.bcast(dataset.table_sizes if topo.rank == 0 else None, root=0)
     layout = TableLayout.from_sizes(sizes, config.model.embedding_dim)
     job, models = None, None
@@ -225,8 +235,10 @@ class Trainer:
         self.client, self.tiered, self.warm_start_bytes = None, None, 0
         self.cadence = checkpointing.Cadence(config.checkpoint, self.comm)
         self.start_step = 0
+        full = job is not None and config.ps.mode == "full"
+        self.guard = NonFiniteGuard(tc.on_nonfinite, None if full else self.comm)
         # tp/pp > 1: the dense model, its optimizer and the tables live in the parallel engine.
-        self.hybrid = ModelParallelDLRM(config, topo, self.dataset, self.layout) if (
+        self.hybrid = ModelParallelDLRM(config, topo, self.dataset, self.layout, self.guard) if (
             wants_model_parallel(config.parallel)) else None
         if self.hybrid is not None:
             return
@@ -234,15 +246,15 @@ class Trainer:
         self.model = DLRM(config.model, len(self.layout.specs)).to(topo.device)
         # with tiering, each worker's count of hot rows rides in the dense allreduce
         self.hot_counts = self.comm.Get_size() if config.tiering.budget > 0 else 0
-        self.dp = DataParallel(self.model, self.comm, extra=2 + self.hot_counts)
+        self.group = Group(self.comm, config.comm)
+        self.dp = DataParallel(self.model, self.group, config.comm, extra=3 + self.hot_counts)
         self.optimizer = DenseOptimizer(self.model.parameters(), tc.optimizer)
         self.job = job
         sparse = SparseOptimizer(tc.optimizer)
         if job:
             self.store = self.client = job.client(models, sparse.state_width(self.layout.dim))
             if config.ps.mode == "full":
-                self.dense_ps = DenseOnServers(self.dp.params, self.dp.flat, self.store,
-                                               job.layout)
+                self.dense_ps = DenseOnServers(self.dp.params, self.store, job.layout)
                 if manifest is None:
                     self.dense_ps.place_initial(self.comm)
             self.tiered = self._tiered(sparse, models)
@@ -342,13 +354,14 @@ class Trainer:
         accumulate = self.config.train.accumulate
         for index in range(self.start_step * accumulate, self.steps * accumulate):
             start = time.perf_counter()
-            batch = self._read("train", index, self.config.train.batch_size)
+            batch = self.dataset.read("train", *self._slice(index))
             self.phase_s["data"] += time.perf_counter() - start
             yield index, batch
 
     def step(self, step: int, batches: Iterator[tuple[int, Batch]],
              ahead: list[tuple[int, Batch]]) -> tuple[int, float]:
-        """Run optimizer step ``step``; returns (global samples, mean loss).
+        """Run optimizer step ``step``; returns (global samples, mean loss; NaN when the step
+        was skipped for non-finite values).
 
         ``ahead`` holds the next micro-batch, read one early so its rows can be prefetched.
         """
@@ -361,7 +374,7 @@ class Trainer:
         if self.dense_ps:
             self.dense_ps.pull()
             self.phase_s["lookup"] += time.perf_counter() - started
-        for _ in range(tc.accumulate):
+        for micro in range(tc.accumulate):
             index, batch = ahead.pop() if ahead else next(batches)
             if self.prefetch:
                 upcoming = next(batches, None)
@@ -373,52 +386,78 @@ class Trainer:
                 next_step = ahead[0][0] // tc.accumulate
                 self.embeddings.prefetch(ahead[0][1].sparse, next_step - step)
             t1 = time.perf_counter()
+            self.guard.features(batch.dense, self._slice(index)[0])
             logits = self.model(self._tensor(batch.dense), embedded)
             loss = F.binary_cross_entropy_with_logits(logits, self._tensor(batch.labels),
                                                       reduction="sum")
+            count += len(batch)
+            loss_sum += loss.item()
+            self.guard.loss(loss_sum)
+            if micro == tc.accumulate - 1 and not self.dense_ps:
+                # the last backward starts the bucket allreduces; the step's statistics and
+                # this worker's verdict on its features and loss ride in the first bucket
+                self.dp.arm(self._stats(count, loss_sum, [*lookups, lookup]))
             loss.backward()
             compute_s += time.perf_counter() - t1
             self.phase_s["lookup"] += t1 - t0
             lookups.append(lookup)
-            count += len(batch)
-            loss_sum += loss.item()
         self.phase_s["compute"] += compute_s
         self.stragglers.delay(step, compute_s)
         lr = self.learning_rate(step)
         if self.dense_ps:
             total, scale = tc.batch_size * tc.accumulate, 1.0 / (tc.batch_size * tc.accumulate)
             t0 = time.perf_counter()
-            rows, grads = self.embeddings.gradients(lookups, scale)
-            dense_rows, dense_grads = self.dense_ps.gradients(scale)
-            self.store.push(np.concatenate([rows, dense_rows]),
-                            np.concatenate([grads, dense_grads]), lr)
+            self.guard.gradients(self.model.named_parameters())
+            skip = self.guard.settle(step, self.guard.flag)  # drops this worker's share only
+            keep = not skip and self.guard.embedding_share(step, lookups, self.layout)
+            rows, grads = self.embeddings.gradients(lookups if keep else [], scale)
+            if not skip:
+                dense_rows, dense_grads = self.dense_ps.gradients(scale)
+                rows, grads = np.concatenate([rows, dense_rows]), np.concatenate([grads,
+                                                                                   dense_grads])
+            self.store.push(rows, grads, lr)
             self.dp.zero()
             self.phase_s["push"] += time.perf_counter() - t0
             self.step_s.append(time.perf_counter() - started)
-            return total, loss_sum / max(count, 1)
+            return total, float("nan") if skip else loss_sum / max(count, 1)
         t0 = time.perf_counter()
-        hot = np.zeros(self.hot_counts)  # each worker's hot rows ride along (see expect)
-        if self.tiered:
-            hot[self.comm.Get_rank()] = self.tiered.hot_count(np.unique(np.concatenate(
-                [lk.rows for lk in lookups])))
-        total, total_loss, *hot = self.dp.allreduce([count, loss_sum, *hot])
+        total, total_loss, flagged, *hot = self.dp.allreduce(self._stats(count, loss_sum,
+                                                                           lookups))
         if self.tiered:
             self.tiered.expect(np.array(hot))
+        if not flagged:  # no root cause anywhere: the summed gradients, the same everywhere
+            self.guard.gradients(self.model.named_parameters())
+        skip = self.guard.settle(step, flagged + self.guard.flag)
+        keep = not skip and self.guard.embedding_share(step, lookups, self.layout)
         scale = 1.0 / max(total, 1.0)
         self.dp.scale(scale)
         t1 = time.perf_counter()
-        self.optimizer.step(lr)
+        if not skip:
+            self.optimizer.step(lr)
         self.dp.zero()
         t2 = time.perf_counter()
         moving = self.tiered.stats.retier_s if self.tiered else 0.0
-        self.store.push(*self.embeddings.gradients(lookups, scale), lr)
+        rows, grads = self.embeddings.gradients(lookups, scale)
+        if not keep:  # this worker's share is dropped
+            rows, grads = self.tiered.withhold(rows, grads) if self.tiered else ([], [])
+        self.store.push(rows, grads, lr)
         moved = (self.tiered.stats.retier_s - moving) if self.tiered else 0.0
         t3 = time.perf_counter()
         for phase, seconds in (("dense_sync", t1 - t0), ("optimizer", t2 - t1),
                                ("push", t3 - t2 - moved), ("retier", moved)):
             self.phase_s[phase] += seconds
         self.step_s.append(t3 - started)
-        return int(total), total_loss * scale
+        return int(total), float("nan") if skip else total_loss * scale
+
+    def _stats(self, count: int, loss_sum: float, lookups: list[Lookup]) -> list[float]:
+        """What rides in the first gradient bucket: sample count, loss sum, this worker's
+        verdict on its features and loss, and with tiering each worker's count of hot rows in
+        the coming push (its own slot set, the others zero; see TieredStore.expect)."""
+        hot = [0.0] * self.hot_counts
+        if self.tiered:
+            hot[self.comm.Get_rank()] = self.tiered.hot_count(np.unique(np.concatenate(
+                [lk.rows for lk in lookups])))
+        return [count, loss_sum, self.guard.flag, *hot]
 
     def _model_parallel_step(self, step: int) -> tuple[int, float]:
         started = time.perf_counter()
@@ -429,10 +468,11 @@ class Trainer:
         self.step_s.append(elapsed - data_s)
         return samples, loss
 
-    def _read(self, split: str, index: int, global_batch: int) -> Batch:
-        start, stop = local_slice(index, self.dataset.num_samples(split), global_batch,
-                                  self.comm.Get_rank(), self.comm.Get_size())
-        return self.dataset.read(split, start, stop)
+    def _slice(self, index: int) -> tuple[int, int]:
+        """Train samples ``[start, stop)`` of micro-batch ``index`` on this worker."""
+        return local_slice(index, self.dataset.num_samples("train"),
+                           self.config.train.batch_size, self.comm.Get_rank(),
+                           self.comm.Get_size())
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(array).to(self.topo.device)
@@ -464,8 +504,11 @@ class Trainer:
         lo, hi = shard_range(n, self.comm.Get_size(), self.comm.Get_rank())
         chunk = max(1, self.config.train.eval_batch_size // self.comm.Get_size())
         probs, labels = [np.empty(0, np.float32)], [np.empty(0, np.float32)]
+        left_out = 0
         for start in range(lo, hi, chunk):
-            batch = self.dataset.read("eval", start, min(hi, start + chunk))
+            read = self.dataset.read("eval", start, min(hi, start + chunk))
+            batch, dropped = finite_samples(read)
+            left_out += dropped
             if len(batch) == 0:
                 continue
             embedded, _ = self.embeddings.lookup(batch.sparse, train=False)
@@ -473,6 +516,8 @@ class Trainer:
             probs.append(torch.sigmoid(logits).cpu().numpy())
             labels.append(batch.labels)
         self.model.train()
+        if left_out:
+            log.warning("evaluation left out %d samples with non-finite dense features", left_out)
         return np.concatenate(probs), np.concatenate(labels)
 
     # -- the loop --------------------------------------------------------------------------
@@ -489,11 +534,12 @@ class Trainer:
         for step in range(self.start_step, self.steps):
             samples, loss = self.step(step, batches, ahead)
             summary.samples += samples
-            window_loss, window_n = window_loss + loss, window_n + 1
+            if loss == loss:  # a skipped step has no loss
+                window_loss, window_n = window_loss + loss, window_n + 1
             bar.update()
             done = step + 1
             if run and (done % tc.log_every == 0 or done == self.steps):
-                summary.train_loss = window_loss / window_n
+                summary.train_loss = window_loss / window_n if window_n else float("nan")
                 elapsed = time.perf_counter() - start
                 run.log({"step": done, "samples": summary.samples, "time_s": elapsed,
                          "train_loss": summary.train_loss, "lr": self.learning_rate(step),
@@ -513,6 +559,7 @@ class Trainer:
         if facts:
             summary.peak_rss_mb = [f["peak_rss_mb"] for f in facts]
             summary.skipped_lines = sum(f["skipped"] for f in facts)
+            summary.skipped_steps = [f["skipped_steps"] for f in facts]
             summary.ps_clients = [f["client"] for f in facts if f["client"]]
             summary.step_times = [f["step_times"] for f in facts]
             summary.tiering = [f["tiering"] for f in facts if f["tiering"]]
@@ -544,6 +591,7 @@ class Trainer:
                  "p99": float(np.percentile(steps, 99)), "max": float(steps.max()),
                  "straggler_sleep": self.stragglers.delayed_s}
         return {"peak_rss_mb": peak_rss_bytes() / 2**20, "skipped": self.dataset.skipped,
+                "skipped_steps": self.guard.skipped,
                 "client": self.client.stats.as_dict() if self.client else None,
                 "step_times": times,
                 "tiering": ({**self.tiered.report().as_dict(),

@@ -54,6 +54,30 @@ def test_file_errors_name_file_and_line(tmp_path):
         load_config(job)
 
 
+@pytest.mark.parametrize("env, words", [
+    ({"HPCTRAIN_TRAIN__BATCH_SIZE": "big"},
+     ["train.batch_size ($HPCTRAIN_TRAIN__BATCH_SIZE)", "an integer", "'big'"]),
+    ({"HPCTRAIN_TRAIN__BATCHSIZE": "8"},
+     ["'train.batchsize' ($HPCTRAIN_TRAIN__BATCHSIZE)", "keys of train"]),
+    ({"HPCTRAIN_TRIAN__LR": "0.1"}, ["'trian.lr' ($HPCTRAIN_TRIAN__LR)", "no section"]),
+    ({"HPCTRAIN_TRAIN__ON_NONFINITE": "ignore"},
+     ["train.on_nonfinite ($HPCTRAIN_TRAIN__ON_NONFINITE)", "'stop', 'skip'"]),
+])
+def test_bad_environment_names_the_variable(env, words):
+    with pytest.raises(ConfigError) as info:
+        load_config(env=env)
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_unknown_key_in_a_file_names_file_and_line(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text("[train]\nlr = 0.1\n\n[model]\nembedding_dim = 16\nlayers = 3\n")
+    with pytest.raises(ConfigError, match=r"unknown key 'model.layers' \(.*job.toml:6\); "
+                                          r"keys of model are: bottom_mlp"):
+        load_config(job)
+
+
 def test_precedence_cli_over_file_over_env(tmp_path):
     job = tmp_path / "job.toml"
     job.write_text("[train]\nlr = 0.5\nsteps = 7\n")

@@ -191,3 +191,17 @@ def test_bad_arguments():
         data.read("train", 170, 181)
     with pytest.raises(ValueError):
         data.num_samples("test")
+
+
+def test_file_cut_mid_line(tmp_path):
+    """A truncated file: its last line fails the field count (and is skipped in skip mode)."""
+    path = str(tmp_path / "cut.txt")
+    Path(path).write_bytes(b"\n".join(LINES[:5]) + b"\n" + LINES[5][:60])
+    data = CriteoText([path], SIZES, eval_fraction=0)
+    assert data.num_samples("train") == 6
+    with pytest.raises(DataError) as err:
+        data.read("train", 0, 6)
+    assert str(err.value).startswith(f"{path}:6: got ") and "tab-separated fields" in str(
+        err.value)
+    skipping = CriteoText([path], SIZES, eval_fraction=0, on_bad_line="skip")
+    assert len(skipping.read("train", 0, 6)) == 5 and skipping.skipped == 1

@@ -99,6 +99,19 @@ def test_foreign_hdf5_file(tmp_path):
     assert str(err.value).startswith(path)
 
 
+def test_empty_files(written, tmp_path):
+    empty = tmp_path / "empty.h5"
+    empty.write_bytes(b"")
+    with pytest.raises(DataError, match="not a readable HDF5 file") as err:
+        HDF5Dataset(empty)
+    assert str(err.value).startswith(str(empty))
+    with h5py.File(written, "a") as f:
+        for key in ("dense", "sparse", "labels"):
+            f[f"train/{key}"].resize(0, axis=0)
+    with pytest.raises(DataError, match=r"/train holds no samples"):
+        HDF5Dataset(written)
+
+
 def test_not_hdf5_and_missing(tmp_path):
     with pytest.raises(DataError, match="not a readable HDF5 file") as err:
         HDF5Dataset(SAMPLE)

@@ -1,0 +1,135 @@
+"""``hpctrain bench calibrate``: measure the cost model's parameters on this machine.
+
+Every parameter comes from times measured on the launched ranks themselves, all of them
+working at once as they do inside a collective, so Python overheads, memory contention and
+the ranks-per-core situation are part of the numbers; each is the fastest of a few
+samples, since load from elsewhere only adds time. Latencies (``alpha``) come from tiny
+messages and per-byte costs (``beta``, ``gamma``) from large ones (256 KiB to 16 MiB; the
+dearest per byte is kept), so the model holds at both ends of the size range:
+
+- ``p2p``: ``MPI_Sendrecv`` between ranks ``2i`` and ``2i+1``;
+- ``net``: the same between the first ranks of two nodes (kept at the default on one node);
+- ``shm``: ``alpha`` = one flag synchronisation of the node's window, ``beta`` = one
+  core's copy time per byte into the window;
+- ``gamma``: the reduction kernel's time per byte (into the window);
+- ``native`` and ``torch``: ``MPI_Allreduce`` and gloo's allreduce, as
+  ``alpha * ceil(log2 p) + beta * 2 (p-1)/p * bytes``.
+
+Calibrated on an oversubscribed node, the latencies already include the waiting for
+descheduled ranks, so ``oversubscribed`` is written as 1 (no further scaling).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from mpi4py import MPI
+
+from hpctrain.comm import kernels, torchdist
+from hpctrain.comm.bench import time_collective
+from hpctrain.comm.collectives import allreduce
+from hpctrain.comm.group import Group
+from hpctrain.comm.select import write_params
+from hpctrain.comm.shm import Window
+from hpctrain.comm.types import CostParams, Link
+
+__all__ = ["calibrate", "fit", "run_calibrate"]
+
+_REPS = 7
+_LARGE = 16 << 20
+_SIZES = (256 << 10, 2 << 20, _LARGE)
+
+
+def fit(small: tuple[float, float], large: Sequence[tuple[float, float]],
+        latency_weight: float = 1.0) -> Link:
+    """``alpha * latency_weight + beta * x`` from measured ``(x, seconds)`` points: alpha
+    from the tiny message, beta the largest per-byte cost among the large ones (protocol
+    switches make mid sizes dearer per byte than the largest)."""
+    x0, t0 = small
+    beta = max(max((t - t0) / (x - x0) for x, t in large), 1e-13)
+    return Link(max((t0 - beta * x0) / latency_weight, 1e-8), beta)
+
+
+def _best(comm: MPI.Intracomm, fn: Callable[[], object], calls: int) -> float:
+    """Fastest of a few samples: load on the machine only ever adds time."""
+    return min(time_collective(comm, fn, calls) for _ in range(_REPS))
+
+
+def _exchange(comm: MPI.Intracomm, partner: int | None, nbytes: int) -> tuple[float, float]:
+    """(bytes, seconds) of one ``MPI_Sendrecv`` with ``partner`` (all ranks take part)."""
+    send, recv = np.ones(nbytes, np.uint8), np.empty(nbytes, np.uint8)
+
+    def exchange() -> None:
+        if partner is not None:
+            comm.Sendrecv(send, partner, 74, recv, partner, 74)
+    exchange()
+    return nbytes, _best(comm, exchange, _calls(nbytes))
+
+
+def _calls(nbytes: int) -> int:
+    return max(1, min(200, (1 << 20) // max(nbytes, 1)))
+
+
+def calibrate(group: Group) -> CostParams:
+    """Measure every parameter (collective over ``group.comm``; same result on all ranks)."""
+    comm, layout, rank, p = group.comm, group.layout, group.rank, group.size
+    defaults = CostParams()
+    p2p, net, native, torch_link = defaults.p2p, defaults.net, defaults.native, defaults.torch
+    if p > 1:
+        partner = rank ^ 1 if (rank ^ 1) < p else None
+        p2p = fit(_exchange(comm, partner, 8), [_exchange(comm, partner, n) for n in _SIZES])
+    if layout.nodes > 1:
+        leaders = [r for r in comm.allgather(rank if layout.local_rank == 0 else -1) if r >= 0]
+        peer = {leaders[0]: leaders[1], leaders[1]: leaders[0]}.get(rank)
+        net = fit(_exchange(comm, peer, 8), [_exchange(comm, peer, n) for n in _SIZES])
+
+    window = Window(group.node, _LARGE, spin=group.spin)
+    sync = _best(comm, window.sync, 200)
+    src = np.ones(_LARGE // 4, np.float32)
+    dst = window.row(window.rank, 0, src.dtype, src.size)  # shared memory, as in shm
+    copy = _best(comm, lambda: np.copyto(dst, src), 2) / _LARGE
+    gamma = _best(comm, lambda: kernels.reduce_pair(dst, src, kernels.SUM, kernels.ARITH),
+                  2) / _LARGE
+    window.free()
+
+    if p > 1:
+        volume = 2.0 * (p - 1) / p
+
+        def allreduce_point(nbytes: int, algorithm: str) -> tuple[float, float]:
+            buf = np.zeros(max(nbytes // 4, 1), np.float32)
+            allreduce(buf, comm=group, algorithm=algorithm)
+            return volume * buf.nbytes, _best(
+                comm, lambda: allreduce(buf, comm=group, algorithm=algorithm),
+                _calls(nbytes))
+
+        native = fit(allreduce_point(8, "native"),
+                     [allreduce_point(n, "native") for n in _SIZES], layout.log2)
+        if torchdist.available("gloo"):
+            torch_link = fit(allreduce_point(8, "torch"),
+                             [allreduce_point(n, "torch") for n in _SIZES[:2]], layout.log2)
+    params = CostParams(p2p=p2p, net=net, shm=Link(max(sync, 1e-8), copy), gamma=gamma,
+                        native=native, torch=torch_link,
+                        oversubscribed=1.0 if layout.oversubscribed else defaults.oversubscribed,
+                        source="calibrated")
+    return comm.bcast(params, root=0)
+
+
+def run_calibrate(group: Group, path: str, echo: Callable[[str], None]) -> CostParams:
+    """Calibrate, then rank 0 writes ``path`` and prints the parameters."""
+    params = calibrate(group)
+    if group.rank == 0:
+        layout = group.layout
+        write_params(path, params, {
+            "measured": time.strftime("%Y-%m-%dT%H:%M:%S"), "ranks": layout.size,
+            "ranks_per_node": layout.local_size, "nodes": layout.nodes,
+            "oversubscribed": layout.oversubscribed, "mpi": MPI.Get_library_version().split(
+                "\n")[0].strip()})
+        echo(f"wrote {path} (use it with --set comm.calibration='{path}'):")
+        for name, value in params.to_dict().items():
+            text = (f"alpha {value['alpha'] * 1e6:8.2f} us  beta {value['beta'] * 1e9:8.4f} "
+                    f"ns/B ({1 / value['beta'] / 1e9:6.2f} GB/s)" if isinstance(value, dict)
+                    else f"{value:.4g}")
+            echo(f"  {name:<15} {text}")
+    return params

@@ -1,0 +1,242 @@
+"""Tensor fusion with overlap: gradients as views into bucketed flat buffers, each bucket's
+allreduce started by autograd hooks as soon as its last gradient is ready.
+
+Parameters are grouped by dtype and device; each group gets one flat buffer and every
+parameter's ``.grad`` is a view into it, so autograd accumulates in place and no copy
+into a fusion buffer is ever made. Parameters are laid out in reverse order (backward
+produces the last layers' gradients first) and cut into buckets of about ``bucket_bytes``
+contiguous bytes. Optional ``extra`` float32 slots at the start of the first bucket carry
+step statistics (sample count, loss sum) in the same reduction.
+
+Protocol of one step: :meth:`FusedGradients.arm` before the last backward of the step
+enables the hooks (earlier micro-batches only accumulate); a parameter's
+post-accumulate-grad hook counts it done; a bucket whose parameters are all done is
+launched once every earlier bucket has been (the same order on every rank, as the
+collectives require); later hooks advance launched buckets; :meth:`FusedGradients.finish`
+launches what is left and waits for everything.
+
+How a bucket is reduced: when the workers fit one node (or, hierarchically, one node per
+slice) and the buffer is float32/float64 on the CPU, it lives in the node's shared window
+(:meth:`Group.resident`) and a :class:`~hpctrain.comm.shm.ResidentAllreduce` reduces it
+with no copy, advanced from the hooks without blocking. Otherwise a single communication
+thread runs each bucket's :func:`~hpctrain.comm.collectives.allreduce` in launch order
+(needs ``MPI_THREAD_MULTIPLE``; without it buckets are reduced at launch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from hpctrain.comm import ring, shm
+from hpctrain.comm.collectives import allreduce, as_storage
+from hpctrain.comm.group import Group
+from hpctrain.comm.types import OP_KERNEL
+from hpctrain.errors import CommError
+
+__all__ = ["FusedGradients", "Bucket"]
+
+
+@dataclass
+class Bucket:
+    """Contiguous range ``[lo, hi)`` of one flat buffer and the parameters inside it."""
+
+    buffer: int
+    lo: int
+    hi: int
+    params: list[torch.nn.Parameter] = field(default_factory=list)
+    pending: int = 0
+    handle: Any = None
+    resident_op: shm.ResidentAllreduce | None = None
+
+
+class FusedGradients:
+    """Bucketed, overlapped gradient allreduce (sum) of ``params`` over ``group.comm``."""
+
+    def __init__(self, params: Sequence[torch.nn.Parameter], group: Group, bucket_bytes: int,
+                 extra: int = 0, resident: bool = True, overlap: bool = True) -> None:
+        self.group = group
+        self.params = [p for p in params if p.requires_grad]
+        if not self.params:
+            raise CommError("FusedGradients: no parameter requires a gradient")
+        self.extra = extra
+        groups: dict[tuple[torch.dtype, torch.device], list[torch.nn.Parameter]] = {}
+        for p in reversed(self.params):
+            groups.setdefault((p.dtype, p.device), []).append(p)
+        first = next(iter(groups))[0]
+        if extra and first not in (torch.float32, torch.float64):
+            raise CommError(f"FusedGradients: extra slots need float32 or float64 "
+                            f"parameters first, got {first}")
+        self.buckets: list[Bucket] = []
+        for index, ps in enumerate(groups.values()):
+            offset = extra if index == 0 else 0
+            bucket = Bucket(index, 0, offset)
+            for p in ps:
+                offset += p.numel()
+                bucket.params.append(p)
+                bucket.hi = offset
+                if (bucket.hi - bucket.lo) * p.element_size() >= bucket_bytes:
+                    self.buckets.append(bucket)
+                    bucket = Bucket(index, offset, offset)
+            if bucket.params:
+                self.buckets.append(bucket)
+        self._agree_on_layout(groups)
+        self.buffers: list[torch.Tensor] = []
+        self.residents: list[shm.Resident | None] = []
+        for index, ((dtype, device), ps) in enumerate(groups.items()):
+            offset = extra if index == 0 else 0
+            flat = self._allocate(offset + sum(p.numel() for p in ps), dtype, device,
+                                  resident, len(self.buckets))
+            self.buffers.append(flat)
+            for p in ps:
+                p.grad = flat[offset: offset + p.numel()].view_as(p)
+                offset += p.numel()
+        self._bucket_of: dict[int, Bucket] = {}
+        for b in self.buckets:
+            for p in b.params:
+                self._bucket_of[id(p)] = b
+        self._grad_ptrs = {id(p): p.grad.data_ptr() for p in self.params}
+        for index, b in enumerate(self.buckets):
+            b.resident_op = self._resident_op(index, b)
+        self._ordered = group.layout.nodes > 1
+        self._armed = False
+        self._launched = 0
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="hpctrain-comm") if \
+            MPI.Query_thread() == MPI.THREAD_MULTIPLE else None
+        if overlap:
+            for p in self.params:
+                p.register_post_accumulate_grad_hook(self._hook)
+
+    def _agree_on_layout(self, groups: dict[Any, list[torch.nn.Parameter]]) -> None:
+        """``allgather`` of the bucket layout: ranks that would reduce different buffers
+        raise the same error instead of corrupting each other's gradients."""
+        mine = (tuple((str(dtype), str(device), sum(p.numel() for p in ps))
+                      for (dtype, device), ps in groups.items()),
+                tuple((b.buffer, b.lo, b.hi) for b in self.buckets))
+        layouts = self.group.comm.allgather(mine)
+        if any(layout != layouts[0] for layout in layouts):
+            raise CommError("FusedGradients: ranks disagree on the gradient layout ((dtype, "
+                            "device, elements) per buffer): " + "; ".join(
+                                f"rank {r}: {layout[0]}" for r, layout in enumerate(layouts)))
+
+    def _allocate(self, numel: int, dtype: torch.dtype, device: torch.device, resident: bool,
+                  slots: int) -> torch.Tensor:
+        layout = self.group.layout
+        if resident and device.type == "cpu" and dtype in (torch.float32, torch.float64) and \
+                (layout.nodes == 1 or layout.uniform):
+            array = self.group.resident(numel, str(dtype).removeprefix("torch."), slots)
+            self.residents.append(self.group.resident_of(array))
+            return torch.from_numpy(array)
+        self.residents.append(None)
+        return torch.zeros(numel, dtype=dtype, device=device)
+
+    # -- the step ----------------------------------------------------------------------------
+
+    @property
+    def stats(self) -> torch.Tensor:
+        """The ``extra`` slots (at the start of the first buffer)."""
+        return self.buffers[0][: self.extra]
+
+    def arm(self, stats: Sequence[float] = ()) -> None:
+        """Write ``stats`` into the extra slots and let the next backward's hooks launch
+        buckets (call it before the last backward of a step)."""
+        if stats:
+            self.stats.copy_(torch.as_tensor(stats, dtype=self.stats.dtype))
+        for b in self.buckets:
+            b.pending = len(b.params)
+        self._armed = True
+        self._launched = 0
+
+    def _hook(self, p: torch.nn.Parameter) -> None:
+        if self._armed:
+            self.ready(p)
+
+    def ready(self, p: torch.nn.Parameter) -> None:
+        """``p``'s gradient is final for this step (what its autograd hook reports): launch
+        the buckets that became ready, in order, and advance the launched ones."""
+        if p.grad is None or p.grad.data_ptr() != self._grad_ptrs[id(p)]:
+            raise CommError("FusedGradients: a parameter's .grad was replaced (set_to_none?); "
+                            "zero gradients with FusedGradients.zero() instead")
+        bucket = self._bucket_of[id(p)]
+        bucket.pending -= 1
+        while self._launched < len(self.buckets) and \
+                self.buckets[self._launched].pending <= 0:
+            self._launch(self.buckets[self._launched])
+        self._progress()
+
+    def _resident_op(self, index: int, bucket: Bucket) -> shm.ResidentAllreduce | None:
+        """The reusable in-place allreduce of a resident bucket (flag slot ``index + 1``),
+        with the ring across nodes as its middle step when there are several nodes."""
+        resident = self.residents[bucket.buffer]
+        if resident is None:
+            return None
+        arr, dtype, _ = as_storage(self.buffers[bucket.buffer][bucket.lo: bucket.hi],
+                                   "allreduce")
+        between = None
+        if self.group.layout.nodes > 1:
+            cross, kind = self.group.cross, dtype.kind
+            scratch = np.empty(arr.size // self.group.layout.local_size + 1, arr.dtype)
+
+            def between(part: np.ndarray) -> None:
+                ring.allreduce(part, cross, OP_KERNEL["sum"], kind, scratch)
+        return shm.ResidentAllreduce(arr, resident, index + 1, OP_KERNEL["sum"], dtype.kind,
+                                     between)
+
+    def _launch(self, bucket: Bucket) -> None:
+        self._launched += 1
+        if bucket.resident_op is not None:
+            bucket.handle = bucket.resident_op.start()
+        elif self._thread is not None:
+            view = self.buffers[bucket.buffer][bucket.lo: bucket.hi]
+            bucket.handle = self._thread.submit(allreduce, view, comm=self.group)
+        else:
+            allreduce(self.buffers[bucket.buffer][bucket.lo: bucket.hi], comm=self.group)
+            bucket.handle = None
+
+    def _progress(self) -> None:
+        """Advance the launched resident buckets; across nodes in order, stopping at the
+        first unfinished one (a later bucket's inter-node messages must not overtake an
+        earlier one's)."""
+        for b in self.buckets[: self._launched]:
+            if isinstance(b.handle, shm.ResidentAllreduce) and not b.handle.test() and \
+                    self._ordered:
+                return
+
+    def finish(self, stats: Sequence[float] = ()) -> np.ndarray:
+        """Launch the buckets not launched yet, wait for all, and return the summed extra
+        slots. ``stats`` are written first unless :meth:`arm` already sent them."""
+        if not self._armed:
+            self.arm(stats)
+        while self._launched < len(self.buckets):
+            self._launch(self.buckets[self._launched])
+        resident = [b.handle for b in self.buckets if isinstance(b.handle,
+                                                                shm.ResidentAllreduce)]
+        if self._ordered:
+            for op in resident:
+                op.wait()
+        else:
+            shm.complete(resident)
+        for b in self.buckets:
+            if isinstance(b.handle, Future):
+                b.handle.result()
+            b.handle = None
+        self._armed = False
+        return self.stats.cpu().numpy().astype(np.float64)
+
+    def scale(self, factor: float) -> None:
+        for index, flat in enumerate(self.buffers):
+            flat[self.extra if index == 0 else 0:].mul_(factor)
+
+    def zero(self) -> None:
+        for flat in self.buffers:
+            flat.zero_()
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._thread.shutdown()

@@ -1,0 +1,141 @@
+"""A group of ranks and everything its collectives need, built once and passed down.
+
+:class:`Group` ``Dup()``s the communicator it is handed (so its messages never match the
+caller's), splits it into nodes (``Split_type(COMM_TYPE_SHARED)``, or consecutive blocks
+of ``comm.node_size`` ranks to emulate nodes on one machine) and into ``cross``
+communicators (the ranks that share a local rank across nodes), reads the cost parameters
+(rank 0 reads the calibration file and broadcasts it), and owns the lazily made shared
+windows, scratch buffers and torch.distributed process groups. Construction is collective
+over ``comm``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from hpctrain.comm.select import read_params
+from hpctrain.comm.shm import Resident, Window
+from hpctrain.comm.types import CostParams, Layout
+from hpctrain.config import CommConfig
+from hpctrain.errors import CommError
+
+__all__ = ["Group"]
+
+_MIN_ARENA = 1 << 16
+_SPIN = 200  # flag polls (under a microsecond each) before a waiting rank yields its core
+
+
+class Group:
+    """The ranks of ``comm``, their node layout and the collectives' state."""
+
+    def __init__(self, comm: MPI.Intracomm, config: CommConfig | None = None,
+                 params: CostParams | None = None) -> None:
+        self.config = config or CommConfig()
+        self.comm = comm.Dup()
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self._physical = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        node_size = self.config.node_size
+        self.node = self.comm.Split(self.rank // node_size, key=self.rank) if node_size \
+            else self._physical
+        local_rank, local_size = self.node.Get_rank(), self.node.Get_size()
+        self.cross = self.comm.Split(local_rank, key=self.rank)
+        sizes = self.comm.allgather(local_size if local_rank == 0 else 0)
+        cores = set().union(*self._physical.allgather(os.sched_getaffinity(0)))
+        self.layout = Layout(
+            size=self.size, rank=self.rank, local_size=local_size, local_rank=local_rank,
+            nodes=sum(1 for s in sizes if s), uniform=len({s for s in sizes if s}) == 1,
+            oversubscribed=self._physical.Get_size() > len(cores))
+        self.spin = 0 if self.layout.oversubscribed else _SPIN
+        self.params = params if params is not None else self._read_params()
+        self.plans: dict[tuple[Any, ...], Any] = {}  # distinct requests -> algorithm
+        self.calls: dict[tuple[Any, ...], Any] = {}  # recent buffers -> prepared call
+        self._arena: Window | None = None
+        self._residents: list[Resident] = []
+        self._scratch = np.empty(0, np.uint8)
+        self._torch: dict[str, Any] = {}
+
+    def _read_params(self) -> CostParams:
+        """Rank 0 reads the calibration file and broadcasts it (``MPI_Bcast``), so a file
+        that only some ranks can read still gives every rank the same model or error."""
+        path = self.config.calibration
+        if not path:
+            return CostParams()
+        result: tuple[str, Any] = ("", None)
+        if self.rank == 0:
+            try:
+                params = read_params(path)
+                result = ("", (asdict(params), params.source))
+            except CommError as exc:
+                result = (str(exc), None)
+        error, data = self.comm.bcast(result, root=0)
+        if error:
+            raise CommError(f"comm.calibration: {error}")
+        return CostParams.from_dict(data[0], data[1])
+
+    # -- state the algorithms use -----------------------------------------------------------
+
+    def arena(self, nbytes: int) -> Window:
+        """The node's scratch window with two halves of at least ``nbytes`` per rank
+        (re-allocated, collectively over ``node``, when a larger message arrives)."""
+        if self._arena is None or self._arena.row_bytes < nbytes:
+            size = max(_MIN_ARENA, 1 << (max(nbytes, 1) - 1).bit_length())
+            if self._arena is not None:
+                self._arena.free()
+            self._arena = Window(self.node, size, rows=2, spin=self.spin)
+        return self._arena
+
+    def scratch(self, count: int, dtype: np.dtype) -> np.ndarray:
+        """A reusable buffer of ``count`` elements (its contents are not kept)."""
+        nbytes = count * dtype.itemsize
+        if self._scratch.nbytes < nbytes:
+            self._scratch = np.empty(max(nbytes, 2 * self._scratch.nbytes), np.uint8)
+        return self._scratch[:nbytes].view(dtype)
+
+    def resident(self, count: int, dtype: np.dtype | str = np.float32,
+                 slots: int = 0) -> np.ndarray:
+        """A buffer of ``count`` elements in the node's shared memory (collective over
+        ``node``); allreduces of it or of its slices need no copies. ``slots`` reserves
+        flags for that many nonblocking bucket allreduces (:mod:`hpctrain.comm.fusion`)."""
+        res = Resident(self.node, count, np.dtype(dtype), slots, self.spin)
+        self._residents.append(res)
+        return res.array
+
+    def resident_of(self, arr: np.ndarray) -> Resident | None:
+        """The resident buffer ``arr`` lies in (on this rank's row), if any."""
+        for res in self._residents:
+            if res.window.contains(arr) is not None:
+                return res
+        return None
+
+    @property
+    def has_residents(self) -> bool:
+        return bool(self._residents)
+
+    def torch_group(self, backend: str) -> Any:
+        """The torch.distributed process group of this group (made on first use,
+        collectively over ``comm``)."""
+        if backend not in self._torch:
+            from hpctrain.comm.torchdist import process_group
+
+            self._torch[backend] = process_group(self.comm, backend, self.layout.nodes == 1)
+        return self._torch[backend]
+
+    def free(self) -> None:
+        """Release windows and communicators (collective over ``comm``)."""
+        for res in self._residents:
+            res.free()
+        self._residents.clear()
+        if self._arena is not None:
+            self._arena.free()
+            self._arena = None
+        self._torch.clear()
+        comms = [self.cross, self.node, self.comm]
+        if self.node is not self._physical:
+            comms.append(self._physical)
+        for c in comms:
+            c.Free()

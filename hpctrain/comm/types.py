@@ -1,0 +1,196 @@
+"""Interfaces and small value types of the collective layer.
+
+An :class:`Algorithm` implements some primitives (allreduce, reduce_scatter, ...) and
+predicts their time with an alpha-beta-gamma :class:`Cost` from :class:`CostParams`
+(``hpctrain bench calibrate`` measures them). Implementations live in one module per family
+(``ring``, ``tree``, ``recursive``, ``shm``, ``hierarchical``, ``native``, ``torchdist``)
+and import these types; :mod:`hpctrain.comm.select` picks among them.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from hpctrain.comm import kernels
+from hpctrain.errors import CommError
+from hpctrain.runtime.topology import shard_range
+
+if TYPE_CHECKING:
+    from hpctrain.comm.group import Group
+
+__all__ = ["OPS", "DType", "DTYPES", "Cost", "Link", "CostParams", "Layout",
+           "Request", "Algorithm", "chunk_bounds"]
+
+OPS = ("sum", "avg", "max", "min")
+OP_KERNEL = {"sum": kernels.SUM, "avg": kernels.SUM, "max": kernels.MAX, "min": kernels.MIN}
+"""``avg`` reduces as a sum; the dispatcher divides by the group size afterwards."""
+
+
+@dataclass(frozen=True)
+class DType:
+    """A supported element type: its name, what the kernels see, and how to read it."""
+
+    name: str
+    storage: np.dtype  # the array the kernels and MPI see (16-bit floats as uint16 bits)
+    kind: int  # kernels.ARITH, HALF or BHALF
+    floating: bool
+
+    @property
+    def itemsize(self) -> int:
+        return self.storage.itemsize
+
+
+DTYPES = {d.name: d for d in (
+    DType("float32", np.dtype(np.float32), kernels.ARITH, True),
+    DType("float64", np.dtype(np.float64), kernels.ARITH, True),
+    DType("float16", np.dtype(np.uint16), kernels.HALF, True),
+    DType("bfloat16", np.dtype(np.uint16), kernels.BHALF, True),
+    DType("int32", np.dtype(np.int32), kernels.ARITH, False),
+    DType("int64", np.dtype(np.int64), kernels.ARITH, False),
+)}
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Predicted seconds of one collective, split by where they go (TorchRec's ``Perf``)."""
+
+    latency_s: float = 0.0  # alpha terms: messages, synchronisations, calls
+    transfer_s: float = 0.0  # beta terms: bytes moved
+    compute_s: float = 0.0  # gamma terms: bytes reduced
+
+    @property
+    def seconds(self) -> float:
+        return self.latency_s + self.transfer_s + self.compute_s
+
+    def __add__(self, other: Cost) -> Cost:
+        return Cost(self.latency_s + other.latency_s, self.transfer_s + other.transfer_s,
+                    self.compute_s + other.compute_s)
+
+
+@dataclass(frozen=True)
+class Link:
+    """``alpha`` seconds per message (or synchronisation) plus ``beta`` seconds per byte."""
+
+    alpha: float
+    beta: float
+
+
+@dataclass(frozen=True)
+class CostParams:
+    """Machine parameters of the cost model (defaults: ``hpctrain bench calibrate`` on two
+    ranks of a 2-core EPYC VM with MPICH 5; ``net`` is a guess for a cluster network).
+
+    ``p2p`` is an MPI point-to-point message between ranks of a node (ring, tree,
+    recursive), ``net`` one between nodes, ``shm`` a flag synchronisation and a memory copy
+    in the node's shared window, ``gamma`` the reduction time per input byte. ``native``
+    and ``torch`` fit the whole library allreduce as ``alpha * ceil(log2 p) +
+    beta * 2 (p-1)/p * bytes``, since their internal algorithm is not ours to model
+    (across nodes they are taken to be no faster than ``net``).
+    ``oversubscribed`` multiplies every latency when more ranks than cores share a node
+    (waiting for a descheduled peer dominates there).
+    """
+
+    p2p: Link = Link(2.2e-6, 3.0e-10)
+    net: Link = Link(2e-5, 1.0e-9)
+    shm: Link = Link(0.6e-6, 1.2e-10)
+    gamma: float = 1.2e-10
+    native: Link = Link(4.5e-6, 5.5e-10)
+    torch: Link = Link(2.5e-4, 2.0e-9)
+    oversubscribed: float = 20.0
+    source: str = field(default="built-in defaults", compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.pop("source")
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str) -> CostParams:
+        """Parameters from a calibration file's ``params`` table (missing keys: defaults)."""
+        kwargs: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name == "source" or f.name not in data:
+                continue
+            value = data[f.name]
+            try:
+                kwargs[f.name] = Link(float(value["alpha"]), float(value["beta"])) \
+                    if isinstance(f.default, Link) else float(value)
+            except (TypeError, KeyError, ValueError):
+                raise CommError(f"{source}: params.{f.name} must be "
+                                f"{'{alpha, beta}' if isinstance(f.default, Link) else 'a number'}"
+                                f", got {value!r}") from None
+        return cls(**kwargs, source=source)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Ranks of a group and how they sit on nodes (possibly a layout forced for tests)."""
+
+    size: int
+    rank: int
+    local_size: int
+    local_rank: int
+    nodes: int
+    uniform: bool  # every node holds local_size ranks
+    oversubscribed: bool = False  # more ranks than cores on this rank's machine
+
+    @property
+    def log2(self) -> int:
+        return math.ceil(math.log2(self.size)) if self.size > 1 else 0
+
+
+@dataclass(frozen=True)
+class Request:
+    """One collective call as the selector sees it (also the key of the plan cache)."""
+
+    primitive: str
+    count: int
+    dtype: DType
+    op: str = "sum"
+    root: int = 0
+    resident: bool = False  # the buffer lies in the group's shared window
+    device: str = "cpu"
+
+    @property
+    def nbytes(self) -> int:
+        return self.count * self.dtype.itemsize
+
+
+class Algorithm(ABC):
+    """One family of collective algorithms. ``run`` is collective over ``group.comm`` (or
+    the sub-communicators the family documents) and works in place on ``arr``."""
+
+    name: ClassVar[str]
+    primitives: ClassVar[frozenset[str]]
+
+    def enabled(self, req: Request, layout: Layout) -> bool:
+        """Whether this family can serve ``req`` on ``layout`` (host memory by default)."""
+        return req.primitive in self.primitives and req.device == "cpu"
+
+    @abstractmethod
+    def cost(self, req: Request, layout: Layout, params: CostParams) -> Cost:
+        """Predicted time of ``req`` on ``layout``."""
+
+    @abstractmethod
+    def run(self, req: Request, arr: np.ndarray, group: Group) -> None:
+        """Perform ``req`` on the contiguous storage array ``arr`` (see :class:`DType`)."""
+
+    def bind(self, req: Request, group: Group) -> Callable[[np.ndarray], None]:
+        """``run`` for ``req`` on ``group`` as a one-argument callable; a family whose
+        per-call decisions depend only on ``req`` makes them here, once."""
+        return lambda arr: self.run(req, arr, group)
+
+
+@functools.lru_cache(maxsize=256)
+def chunk_bounds(count: int, parts: int) -> tuple[int, ...]:
+    """Boundaries of the ``parts`` balanced chunks of ``range(count)``
+    (:func:`~hpctrain.runtime.topology.shard_range`): chunk ``i`` is
+    ``[bounds[i], bounds[i+1])``. Every primitive splits buffers this way."""
+    return (*(shard_range(count, parts, i)[0] for i in range(parts)), count)

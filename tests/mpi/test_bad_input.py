@@ -1,0 +1,202 @@
+"""Bad input across ranks: NaN/Inf steps skipped or stopped alike in every training mode, and
+errors found on some or all ranks ending real ``mpiexec`` launches with one line and exit 2."""
+
+import math
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from harness import run_mpi
+from mpi4py import MPI
+
+from embeddings.optim import SparseOptimizer
+from embeddings.tables import TableLayout
+from hpctrain.config import DataConfig, load_config
+from hpctrain.data import open_dataset
+from hpctrain.data.preprocess import preprocess
+from hpctrain.data.types import Batch, Dataset
+from hpctrain.models.dlrm import DLRM
+from hpctrain.runtime.abort import AgreedError
+from hpctrain.runtime.world import build_topology
+from hpctrain.sync.bsp import BSP
+from hpctrain.train.dense_ps import with_dense_table
+from hpctrain.train.trainer import Trainer
+from ps.service import PSJob
+
+ROOT = Path(__file__).resolve().parents[2]
+HPCTRAIN = [sys.executable, "-m", "hpctrain.cli"]
+SIZES = [50, 200, 1000, 7]
+SMALL = [f"data.table_sizes={SIZES}", "data.train_samples=3000", "data.eval_samples=300",
+         "model.embedding_dim=8", "model.bottom_mlp=[16, 8]", "model.top_mlp=[16, 1]",
+         "train.progress=false", "train.warmup_steps=0", "train.lr=0.02",
+         "train.on_nonfinite='skip'"]
+
+
+class Poisoned(Dataset):
+    """``inner`` with feature I4 of ``samples`` (of either split) set to NaN."""
+
+    def __init__(self, inner: Dataset, samples: set[int]) -> None:
+        self.inner, self.samples, self.table_sizes = inner, samples, inner.table_sizes
+
+    def num_samples(self, split: str) -> int:
+        return self.inner.num_samples(split)
+
+    def read(self, split: str, start: int, stop: int) -> Batch:
+        batch = self.inner.read(split, start, stop)
+        hit = [i - start for i in sorted(self.samples) if start <= i < stop]
+        if hit:
+            dense = batch.dense.copy()
+            dense[hit, 3] = np.nan
+            batch = Batch(dense, batch.sparse, batch.labels)
+        return batch
+
+
+def state(trainer: Trainer) -> list[np.ndarray]:
+    """Everything a step may change on this worker: dense parameters and optimizer state,
+    and the embedding rows (with their optimizer state where the worker holds them)."""
+    owner = trainer.hybrid or trainer
+    module = trainer.hybrid.module if trainer.hybrid else trainer.model
+    out = [p.detach().numpy().copy() for p in module.parameters()]
+    out += [s.numpy().copy() for s in owner.optimizer.state]
+    store = owner.embeddings.store if owner.embeddings else None
+    if hasattr(store, "tables"):
+        out += [store.tables.weight.copy(), store.tables.state.copy()]
+    elif store is not None:
+        out.append(store.pull(np.arange(trainer.layout.total_rows)))
+    return out
+
+
+def same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
+    return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def evaluated(trainer: Trainer) -> int:
+    """Held-out samples scored, the same on every worker (worker 0 gets the metrics)."""
+    return MPI.COMM_WORLD.bcast(trainer.evaluate().get("samples"))
+
+
+def skip_then_stop(trainer: Trainer, gate: list[bool], full: bool = False) -> str | None:
+    """Steps 0-2 skipping the poisoned step 1, then (not in full PS mode, where workers do
+    not agree) step 3, also poisoned, in stop mode: the agreed error's text on every worker.
+    ``gate[0]`` is true during the poisoned steps."""
+    batches, ahead = trainer.micro_batches(), []
+    trainer.step(0, batches, ahead)
+    before = state(trainer)
+    gate[0] = True
+    samples, loss = trainer.step(1, batches, ahead)
+    gate[0] = False
+    assert samples > 0 and math.isnan(loss) == (trainer.guard.skipped == 1)
+    if not full:  # every worker skipped: nothing changed anywhere
+        assert trainer.guard.skipped == 1 and same(state(trainer), before)
+    trainer.step(2, batches, ahead)
+    assert not same(state(trainer), before)
+    assert all(np.isfinite(a).all() for a in state(trainer))
+    if full:
+        return None
+    trainer.guard.mode = "stop"
+    gate[0] = True
+    with pytest.raises(AgreedError) as err:
+        trainer.step(3, batches, ahead)
+    gate[0] = False
+    return str(err.value)
+
+
+@pytest.mark.mpi(ranks=(4,))
+def test_nonfinite_steps_are_skipped_or_stopped_alike_in_every_mode(tmp_path):
+    world = MPI.COMM_WORLD
+    run_dir = f"train.run_dir={str(tmp_path / 'run')!r}"
+    gate = [False]
+
+    # Replicated data parallel, 4 workers of 25 samples: worker 2 reads samples 160 and 360
+    # in steps 1 and 3.
+    config = load_config(overrides=[*SMALL, run_dir, "train.batch_size=100"])
+    data = open_dataset(config.data)
+    trainer = Trainer(config, build_topology(config), Poisoned(data, {160, 360}))
+    message = skip_then_stop(trainer, gate)
+    assert message.startswith("[rank 2] step 3: non-finite dense features: train sample 360, "
+                              "I4 = nan; set train.on_nonfinite"), message
+    mine = state(trainer)
+    assert all(same(mine, other) for other in world.allgather(mine))  # replicas agree
+    assert evaluated(trainer) == 299  # eval sample 160 is left out
+
+    # Parameter servers, hybrid and full mode: 3 workers of 30 samples + 1 server; worker 1
+    # reads sample 130 in step 1 and 310 in step 3.
+    for mode in ("hybrid", "full"):
+        config = load_config(overrides=[*SMALL, run_dir, "ps.servers=1", f"ps.mode={mode!r}",
+                                        "train.batch_size=90"])
+        topo = build_topology(config)
+        layout = TableLayout.from_sizes(SIZES, 8)
+        served = layout if mode == "hybrid" else with_dense_table(
+            layout, sum(p.numel() for p in DLRM(config.model, len(SIZES)).parameters()))
+        models = [BSP] * len(served.specs)
+        job = PSJob.create(topo.world, topo.roles, served, config.ps, config.train.seed)
+        if not topo.is_worker:
+            job.serve(SparseOptimizer(config.train.optimizer), config.train.seed, models)
+            continue
+        trainer = Trainer(config, topo, Poisoned(data, {130, 310}), layout, job, models)
+        message = skip_then_stop(trainer, gate, full=mode == "full")
+        assert trainer.store.clock == 3  # a skipped step (or share) still ticks the clock
+        if mode == "hybrid":
+            assert message.startswith("[rank 1] step 3: non-finite dense features: train "
+                                      "sample 310"), message
+        else:  # only worker 1 dropped its share of step 1
+            assert trainer.guard.skipped == (topo.worker_rank == 1)
+        trainer.close()
+
+    # tp = 2 x pp = 2: only world rank 3 (stage 1, tensor shard 1) sees a NaN gradient.
+    config = load_config(overrides=[*SMALL, run_dir, "train.batch_size=64", "parallel.tp=2",
+                                    "parallel.pp=2", "parallel.backend='mpi'",
+                                    "parallel.micro_batches=2"])
+    trainer = Trainer(config, build_topology(config), Poisoned(data, {290}))  # eval only
+    if world.Get_rank() == 3:
+        weight = next(trainer.hybrid.module.parameters())
+        weight.register_hook(lambda g: torch.full_like(g, math.nan) if gate[0] else None)
+    message = skip_then_stop(trainer, gate)
+    assert message.startswith("[rank 3] step 3: non-finite gradient of ") and \
+        "(stage 1, tensor shard 1)" in message, message
+    assert evaluated(trainer) == 299
+
+
+SAMPLE = ROOT / "tests" / "data" / "criteo_kaggle_sample.txt"
+QUIET = ["--set", "train.progress=false", "--set", "train.steps=3"]
+
+
+def train(args: list[str], ranks: int) -> tuple[int, list[str], str]:
+    """Exit code, the toolkit's own output lines and the whole output of a training launch."""
+    result = run_mpi([*HPCTRAIN, "train", *QUIET, *args], ranks=ranks, timeout=120)
+    ours = [line for line in result.stdout.splitlines() if line.startswith("hpctrain")]
+    assert "Traceback" not in result.stdout, result.stdout
+    return result.returncode, ours, result.stdout
+
+
+def test_bad_input_ends_real_launches_with_one_line_and_exit_2(tmp_path):
+    lines = SAMPLE.read_bytes().split(b"\n")[:40]
+    lines[30] = b"7" + lines[30][1:]  # read by rank 1 alone (step 1: lines 21-40)
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"\n".join(lines) + b"\n")
+    criteo = ["--set", "data.source='criteo'", "--set", "data.eval_fraction=0",
+              "--set", "train.batch_size=20", "--set", f"train.run_dir={str(tmp_path / 'r')!r}"]
+    code, ours, out = train([*criteo, "--set", f"data.paths=[{str(bad)!r}]"], ranks=2)
+    assert code == 2 and ours == [f"hpctrain: error: [rank 1] {bad}:31: label: expected 0 or "
+                                  f"1, got '7'"], out
+
+    # Found by every rank when opening the data: agreed, printed once, no abort.
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    code, _, out = train([*criteo, "--set", f"data.paths=[{str(empty)!r}]"], ranks=2)
+    assert code == 2 and out.strip() == f"hpctrain: error: [ranks 0-1] {empty}: empty file"
+
+    # A NaN feature read by worker 1 (samples 60-79 of step 1) beside a parameter server.
+    h5 = tmp_path / "nan.h5"
+    preprocess(DataConfig(source="criteo", paths=(str(SAMPLE),)), str(h5))
+    with h5py.File(h5, "a") as f:
+        f["train/dense"][70, 3] = np.nan
+    code, ours, out = train(["--set", "data.source='hdf5'", "--set", f"data.paths=[{str(h5)!r}]",
+                             "--set", "train.batch_size=40", "--set", "ps.servers=1",
+                             "--set", f"train.run_dir={str(tmp_path / 'r')!r}"], ranks=3)
+    assert code == 2 and ours == [
+        "hpctrain: error: [rank 1] step 1: non-finite dense features: train sample 70, I4 = "
+        "nan; set train.on_nonfinite = \"skip\" to skip such steps"], out
