@@ -40,11 +40,17 @@ class EmbeddingCollection:
         self.layout = layout
         self.store = store
         self.device = device or torch.device("cpu")
-        self._last: tuple[np.ndarray, np.ndarray, torch.Tensor] | None = None
+        self._last: tuple[np.ndarray, np.ndarray, torch.Tensor, np.ndarray] | None = None
 
-    def lookup(self, ids: np.ndarray) -> tuple[torch.Tensor, Lookup]:
-        """Embeddings ``[B, T, dim]`` of ``ids`` (int [B, T]) and the handle for their gradients."""
-        unique, inverse = self._unique(ids)
+    def lookup(self, ids: np.ndarray, train: bool = True) -> tuple[torch.Tensor, Lookup]:
+        """Embeddings ``[B, T, dim]`` of ``ids`` (int [B, T]) and the handle for their gradients.
+
+        A ``train`` lookup tells the store how often it used each row
+        (:meth:`~embeddings.types.EmbeddingStore.observe`); evaluation does not count.
+        """
+        unique, inverse, counts = self._unique(ids)
+        if train:
+            self.store.observe(unique, counts)
         values = torch.from_numpy(self.store.pull(unique)).to(self.device).requires_grad_()
         # index_select's backward is an index_add, several times faster than indexing's.
         embedded = values.index_select(0, inverse.to(self.device))
@@ -54,15 +60,17 @@ class EmbeddingCollection:
         """Announce the ids of the next :meth:`lookup`, ``ahead`` (0 or 1) steps from now."""
         self.store.prefetch(self._unique(ids)[0], ahead)
 
-    def _unique(self, ids: np.ndarray) -> tuple[np.ndarray, torch.Tensor]:
-        """Sorted unique global rows of ``ids`` and each id's index among them (the last
-        result is kept, so a prefetch and the lookup that follows share one sort)."""
+    def _unique(self, ids: np.ndarray) -> tuple[np.ndarray, torch.Tensor, np.ndarray]:
+        """Sorted unique global rows of ``ids``, each id's index among them, and each row's
+        number of ids (the last result is kept, so a prefetch and the lookup that follows
+        share one sort)."""
         if self._last is not None and self._last[0] is ids:
-            return self._last[1], self._last[2]
+            return self._last[1:]
         rows = torch.from_numpy(self.layout.global_rows(ids))
-        unique, inverse = torch.unique(rows.view(-1), return_inverse=True)
-        self._last = (ids, unique.numpy(), inverse)
-        return self._last[1], inverse
+        unique, inverse, counts = torch.unique(rows.view(-1), return_inverse=True,
+                                               return_counts=True)
+        self._last = (ids, unique.numpy(), inverse, counts.numpy())
+        return self._last[1:]
 
     def gradients(self, lookups: list[Lookup], scale: float) -> tuple[np.ndarray, np.ndarray]:
         """Rows and gradients of ``lookups`` (one per micro-batch) times ``scale``, ready for

@@ -8,6 +8,10 @@ optimizer state together). Rows must be unique: :func:`coalesce` sums duplicates
   ``a += mean(g^2)``; ``w -= lr * g / (sqrt(a) + eps)``.
 - ``adam`` (lazy): moments and a step count per row, advanced only when the row is touched,
   so an untouched row's state does not decay (the usual sparse Adam).
+
+The kernels run on host memory. Rows that live on a GPU (the hot tier on a CUDA machine) are
+updated by :meth:`SparseOptimizer.apply_torch`: the same formulas as vectorised torch ops on
+the device, so the rows never leave it.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from dataclasses import dataclass
 
 import numba
 import numpy as np
+import torch
 
 __all__ = ["SparseOptimizer", "coalesce", "OPTIMIZERS"]
 
@@ -120,3 +125,24 @@ class SparseOptimizer:
         else:
             _lazy_adam(weight, state, rows, grads, np.float32(lr), np.float32(self.beta1),
                        np.float32(self.beta2), np.float32(self.eps))
+
+    def apply_torch(self, weight: torch.Tensor, state: torch.Tensor, rows: torch.Tensor,
+                    grads: torch.Tensor, lr: float) -> None:
+        """:meth:`apply` on torch tensors of any device (``rows`` unique, int64)."""
+        if self.kind == "sgd":
+            weight.index_add_(0, rows, grads, alpha=-lr)
+            return
+        if self.kind == "adagrad":
+            acc = state[rows, 0] + grads.square().mean(dim=1)
+            state[rows, 0] = acc
+            weight[rows] -= lr * grads / (acc.sqrt() + self.eps)[:, None]
+            return
+        dim = weight.shape[1]
+        old = state[rows]
+        t = old[:, 2 * dim] + 1.0
+        m = self.beta1 * old[:, :dim] + (1.0 - self.beta1) * grads
+        v = self.beta2 * old[:, dim: 2 * dim] + (1.0 - self.beta2) * grads * grads
+        state[rows] = torch.cat([m, v, t[:, None]], dim=1)
+        c1 = (1.0 - self.beta1 ** t)[:, None]
+        c2 = (1.0 - self.beta2 ** t)[:, None]
+        weight[rows] -= lr * (m / c1) / ((v / c2).sqrt() + self.eps)

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from embeddings.optim import SparseOptimizer, coalesce
-from embeddings.types import EmbeddingStore, TableSpec
+from embeddings.types import BackingStore, TableSpec
 from hpctrain.errors import EmbeddingError
 from hpctrain.runtime import rng
 
@@ -66,7 +66,7 @@ def init_rows(layout: TableLayout, rows: np.ndarray, seed: int) -> np.ndarray:
     return values.astype(np.float32)
 
 
-class LocalTables(EmbeddingStore):
+class LocalTables(BackingStore):
     """Rows in one contiguous array with their optimizer state, addressed by slot.
 
     Slot ``i`` holds global row ``rows_of(i, i + 1)[0]``: by default every row of the layout
@@ -87,6 +87,7 @@ class LocalTables(EmbeddingStore):
             self.weight[lo:hi] = init_rows(layout, rows_of(lo, hi), seed)
         self.optimizer = optimizer
         self.state = optimizer.new_state(count, self.dim)
+        self.state_width = self.state.shape[1]
 
     def pull(self, rows: np.ndarray) -> np.ndarray:
         """Values at slots ``rows``."""
@@ -96,3 +97,17 @@ class LocalTables(EmbeddingStore):
         """Apply gradients at slots ``rows`` (repeats summed first)."""
         rows, grads = coalesce(rows, grads)
         self.optimizer.apply(self.weight, self.state, rows, grads, lr)
+
+    def read(self, rows: np.ndarray) -> np.ndarray:
+        """Values then optimizer state at slots ``rows``."""
+        return np.concatenate([np.take(self.weight, rows, axis=0),
+                               np.take(self.state, rows, axis=0)], axis=1)
+
+    def write(self, rows: np.ndarray, block: np.ndarray) -> None:
+        """Store values then optimizer state ``block`` at slots ``rows``."""
+        if block.shape != (len(rows), self.dim + self.state_width):
+            raise ValueError(f"a write of {len(rows)} rows needs a block of "
+                             f"[{len(rows)}, {self.dim + self.state_width}], "
+                             f"got {list(block.shape)}")
+        self.weight[rows] = block[:, : self.dim]
+        self.state[rows] = block[:, self.dim:]

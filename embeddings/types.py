@@ -3,6 +3,10 @@
 An :class:`EmbeddingStore` is where rows live: local memory, replicas on every worker, or the
 parameter servers behind a client. The trainer only pulls rows for the ids a batch touches
 and pushes their gradients; the store applies the optimizer where the rows are.
+
+A :class:`BackingStore` also hands rows out and takes them back together with their
+optimizer state, so that a row can change owner without losing an update: the cold tier
+under :class:`~embeddings.tiered.TieredStore`.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["TableSpec", "EmbeddingStore"]
+__all__ = ["TableSpec", "EmbeddingStore", "BackingStore"]
 
 
 @dataclass(frozen=True)
@@ -46,3 +50,27 @@ class EmbeddingStore(ABC):
 
         Stores whose rows are remote start fetching them; local stores need nothing.
         """
+
+    def observe(self, rows: np.ndarray, counts: np.ndarray) -> None:  # noqa: B027 - optional
+        """The unique ``rows`` of a training lookup and how many lookups each had.
+
+        Stores that place rows by how often they are used count them; others need nothing.
+        """
+
+
+class BackingStore(EmbeddingStore):
+    """A store whose rows can leave and come back with their optimizer state."""
+
+    state_width: int
+    """float32 optimizer-state values per row (:meth:`SparseOptimizer.state_width`)."""
+
+    @abstractmethod
+    def read(self, rows: np.ndarray) -> np.ndarray:
+        """Values then optimizer state of ``rows`` (sorted, unique), float32
+        ``[n, dim + state_width]``, with every worker's updates of all earlier steps
+        whatever the sync model (the caller is taking the rows over)."""
+
+    @abstractmethod
+    def write(self, rows: np.ndarray, block: np.ndarray) -> None:
+        """Replace values and optimizer state of ``rows`` (sorted, unique) with ``block``
+        (as :meth:`read` returns it); returns once stored, so later reads see it."""

@@ -3,6 +3,7 @@
     mpiexec -n 4 hpctrain train                       # the embedded default job
     mpiexec -n 2 hpctrain train jobs/configs/criteo_sample.toml --set train.lr=0.05
     mpiexec -n 2 hpctrain info
+    mpiexec -n 4 hpctrain bench tiering --json tiering.json   # 1 server + 3 workers
     mpiexec -n 4 hpctrain compare-sync --models bsp,ssp:4,asp --stragglers transient:0.1:3
     hpctrain preprocess jobs/configs/criteo_sample.toml --out sample.h5
     hpctrain config [JOB.toml] [--doc]
@@ -114,6 +115,12 @@ def _parser() -> argparse.ArgumentParser:
     pipe.add_argument("--repeats", type=int, default=3,
                       help="measured runs per row after a warm-up run; the median is shown")
     pipe.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
+    tiering = command("tiering", "hot/cold tiering: LFU/LRU/oracle hit rates, bytes and "
+                                 "samples/s against the untiered parameter server (one server "
+                                 "rank)", benches)
+    from hpctrain.bench import tiering as bench_tiering
+
+    bench_tiering.add_arguments(tiering)
     _bench_allreduce_args(command("allreduce", "time allreduce for each algorithm against "
                                   "native MPI_Allreduce", benches))
     command("calibrate", "measure the cost model's alpha/beta parameters and write them "
@@ -133,6 +140,8 @@ def _command_overrides(args: argparse.Namespace) -> list[str]:
     """Config keys a command's own flags set (they win over --set)."""
     if args.command == "bench" and args.bench == "ps":
         return [f"ps.servers={args.servers}", "train.progress=false"]
+    if args.command == "bench" and args.bench == "tiering":
+        return ["ps.servers=1", "train.progress=false"]
     if args.command == "compare-sync":
         from hpctrain.train.compare import straggler_overrides
 
@@ -205,6 +214,16 @@ def _bench_ps(args: argparse.Namespace, config: JobConfig, topo: Topology | None
     return 0
 
 
+def _bench_tiering(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -> int:
+    from hpctrain.bench import tiering as bench_tiering
+    from hpctrain.bench.report import print_rows
+
+    rows = bench_tiering.run(args, config, topo)
+    if rows is not None:
+        print_rows(rows, bench_tiering.COLUMNS, args.json)
+    return 0
+
+
 def _compare_sync(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -> int:
     from hpctrain.train.compare import compare_sync, format_comparison
     from hpctrain.train.rundir import default_run_dir
@@ -267,8 +286,8 @@ def _bench_comm(args: argparse.Namespace, config: JobConfig, topo: Topology | No
 
 _COMMANDS = {"train": _train, "info": _info, "preprocess": _preprocess, "config": _config,
              "bench": _bench, "compare-sync": _compare_sync}
-_BENCHES = {"ps": _bench_ps, "pipeline": _bench_pipeline, "allreduce": _bench_comm,
-            "calibrate": _bench_comm}
+_BENCHES = {"ps": _bench_ps, "pipeline": _bench_pipeline, "tiering": _bench_tiering,
+            "allreduce": _bench_comm, "calibrate": _bench_comm}
 _NEEDS_WORLD = {"train", "info", "bench", "compare-sync"}
 
 if __name__ == "__main__":

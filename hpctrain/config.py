@@ -35,6 +35,7 @@ __all__ = [
     "SyncConfig",
     "CheckpointConfig",
     "ParallelConfig",
+    "TieringConfig",
     "CommConfig",
     "JobConfig",
     "load_config",
@@ -201,6 +202,35 @@ class ParallelConfig:
 
 
 @dataclass(frozen=True)
+class TieringConfig:
+    budget: float = option(0.0, "hot tier: rows replicated on every worker, in budget_unit; 0 "
+                                "is off, a budget above the tables makes every row hot "
+                                "(needs ps.servers >= 1, where the cold rows stay)", min=0.0)
+    budget_unit: str = option("fraction", "unit of tiering.budget: a share of all rows, rows, "
+                                          "or bytes per worker (id, values and optimizer "
+                                          "state per hot row)",
+                              choices=("fraction", "rows", "bytes"))
+    policy: str = option("lfu", "hot set: the rows with the highest decayed lookup counts, or "
+                                "the most recently seen", choices=("lfu", "lru"))
+    admission: float = option(2.0, "decayed lookups a row needs before it may become hot",
+                              min=0.0)
+    interval: int = option(50, "steps between re-tierings (after warm-up ones at steps 1, 2, "
+                               "4, ...)", min=1)
+    prescan: int = option(0, "training samples whose ids are counted before the first step to "
+                             "seed the hot set (the split's first; 0 learns it online only)",
+                          min=0)
+    decay: float = option(0.9, "factor on every lookup count at each re-tiering, so the hot "
+                               "set follows drift", min=0.0, max=1.0)
+    exact_below: int = option(1_000_000, "tables with fewer rows count lookups exactly (4 "
+                                         "bytes a row); larger ones in a count-min sketch",
+                              min=1)
+    sketch_width: int = option(1 << 16, "counters per hash row of a table's count-min sketch",
+                               min=1)
+    sketch_depth: int = option(4, "hash rows of a count-min sketch (overcount probability "
+                                  "exp(-depth))", min=1)
+
+
+@dataclass(frozen=True)
 class CommConfig:
     algorithm: str = option("auto", "allreduce algorithm; auto runs the cheapest by the cost "
                                     "model", choices=("auto", "shm", "hierarchical",
@@ -233,6 +263,7 @@ class JobConfig:
     sync: SyncConfig = field(default_factory=SyncConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    tiering: TieringConfig = field(default_factory=TieringConfig)
     comm: CommConfig = field(default_factory=CommConfig)
     source: str = field(default="", compare=False, metadata={"internal": True})
     """Where the job came from (file path or ``embedded default``), for messages."""
@@ -274,6 +305,12 @@ class JobConfig:
                 cuts and cuts[-1] >= len(m.top_mlp)):
             raise ConfigError(f"parallel.stage_cuts: {list(cuts)} must increase and stay "
                               f"below the {len(m.top_mlp)} layers of model.top_mlp")
+        if self.tiering.budget > 0 and self.ps.servers == 0:
+            raise ConfigError(f"tiering.budget = {self.tiering.budget}: the cold tier lives on "
+                              f"the parameter servers; set ps.servers >= 1 or the budget to 0")
+        if self.tiering.budget > 0 and self.ps.mode != "hybrid":
+            raise ConfigError("tiering.budget > 0 needs ps.mode = 'hybrid' (the hot tier's "
+                              "counts ride in the dense allreduce)")
         if self.data.source != "synthetic" and not self.data.paths:
             raise ConfigError(f"data.paths: data.source = {self.data.source!r} needs at least "
                               f"one input file")

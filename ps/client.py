@@ -10,6 +10,10 @@ Prefetch (``ps.prefetch``): the trainer announces the next batch's rows while th
 batch computes, and the pull is sent at once. Such a read is made before this step's pushes
 and so cannot contain them: it is one step stale, declared to the servers as ``slack = 1``
 (TorchRec's pipelined semi-synchronous mode). Exactness tests run with prefetch off.
+
+As a :class:`~embeddings.types.BackingStore` (the cold tier of hot/cold tiering) it also
+``read``s rows with their optimizer state and ``write``s them back (``READ``/``WRITE`` in
+:mod:`ps.server`); both wait for their replies.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from mpi4py import MPI
 from embeddings.optim import coalesce
 from embeddings.sharding import Placement
 from embeddings.tables import TableLayout
-from embeddings.types import EmbeddingStore
+from embeddings.types import BackingStore
 from hpctrain.errors import EmbeddingError
 from hpctrain.runtime.waits import Wait, wait_all
 from ps.types import TAG_REQUEST, Op, decode_reply, encode_request, reply_capacity, reply_tag
@@ -47,6 +51,10 @@ class ClientStats:
     push_bytes_sent: int = 0  # pushes (headers, ids and gradient rows) and clock ticks
     pull_wait_s: float = 0.0
     prefetch_hits: int = 0
+    rows_read: int = 0  # READ: rows taken over with their optimizer state
+    rows_written: int = 0  # WRITE: rows handed back
+    move_bytes_sent: int = 0  # READ requests and WRITEs
+    move_bytes_received: int = 0  # READ replies and WRITE acknowledgements
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -54,22 +62,28 @@ class ClientStats:
 
 @dataclass
 class _Pending:
-    """A pull in flight: its rows, and per server the reply buffer and batch positions."""
+    """A pull or read in flight: its rows and row width, and per server the reply buffer and
+    batch positions."""
 
     rows: np.ndarray
+    op: Op
+    width: int
     parts: list[tuple[np.ndarray, np.ndarray, MPI.Request]]  # reply, positions, receive
     sends: list[tuple[MPI.Request, np.ndarray]]
     servers: tuple[int, ...] = ()  # ranks asked
 
 
-class PSClient(EmbeddingStore):
+class PSClient(BackingStore):
     def __init__(self, comm: MPI.Intracomm, layout: TableLayout, placement: Placement,
-                 servers: Sequence[int], table_groups: Sequence[int] | None = None) -> None:
+                 servers: Sequence[int], table_groups: Sequence[int] | None = None,
+                 state_width: int = 0) -> None:
         """``table_groups[t]`` labels table ``t``'s sync model; tables of different labels
-        never share a pull request, so each request is governed by one model."""
+        never share a pull request, so each request is governed by one model.
+        ``state_width``: the servers' optimizer state per row (for ``read``/``write``)."""
         self.comm = comm
         self.layout = layout
         self.dim = layout.dim
+        self.state_width = state_width
         self.placement = placement
         self.servers = list(servers)  # comm rank of server index i
         groups = np.zeros(len(layout.specs), np.int64) if table_groups is None else table_groups
@@ -87,25 +101,29 @@ class PSClient(EmbeddingStore):
             if np.array_equal(pending.rows, rows):
                 self.stats.prefetch_hits += 1
                 return self._complete(self._prefetched.pop(i))
-        return self._complete(self._send_pull(rows, self.clock, slack=0))
+        return self._complete(self._send_pull(rows, self.clock, 0, Op.PULL))
 
     def prefetch(self, rows: np.ndarray, ahead: int) -> None:
         """Start pulling ``rows``, to be read ``ahead`` (0 or 1) steps from now."""
         if len(self._prefetched) > 1:  # a guess nobody read: drain it
             self._complete(self._prefetched.pop(0))
-        self._prefetched.append(self._send_pull(rows, self.clock + ahead, slack=ahead))
+        self._prefetched.append(self._send_pull(rows, self.clock + ahead, ahead, Op.PULL))
 
     def write(self, rows: np.ndarray, values: np.ndarray) -> None:
-        """Overwrite ``rows`` (sorted unique) with ``values`` on their servers (optimizer
-        state reset); returns once every server has applied it."""
+        """Overwrite ``rows`` (sorted unique) on their servers with ``values``: ``dim`` wide
+        (optimizer state reset), or ``dim + state_width`` (values then optimizer state, as
+        :meth:`read` returns them); returns once every server has applied it."""
         receives, keep = [], []
         for index, _, tables, counts, ids, positions in self._split(rows, by_model=True):
             seq = self._next_seq()
             ack = np.empty(reply_capacity(0, self.dim), dtype=np.uint8)
             receives.append(self.comm.Irecv(ack, source=self.servers[index], tag=reply_tag(seq)))
             buf = encode_request(Op.WRITE, self.clock, seq, 0, tables, counts, ids,
-                                 np.ascontiguousarray(values[positions]))
+                                 np.ascontiguousarray(values[positions], dtype=np.float32))
             keep.append((self.comm.Isend(buf, dest=self.servers[index], tag=TAG_REQUEST), buf))
+            self.stats.move_bytes_sent += buf.nbytes
+            self.stats.move_bytes_received += 16
+        self.stats.rows_written += len(rows)
         wait_all(receives + [r for r, _ in keep], Wait("write", self.comm, self._peers(rows)))
 
     def push(self, rows: np.ndarray, grads: np.ndarray, lr: float) -> None:
@@ -120,6 +138,12 @@ class PSClient(EmbeddingStore):
             self.stats.rows_pushed += len(ids)
         self.stats.pushes += 1
         self.clock += 1
+
+    def read(self, rows: np.ndarray) -> np.ndarray:
+        """``READ`` ``rows`` (values then optimizer state) at this worker's clock: answered
+        once every worker's pushes of all earlier steps are applied (BSP's rule under any
+        sync model)."""
+        return self._complete(self._send_pull(rows, self.clock, 0, Op.READ))
 
     def save(self) -> None:
         """Ask every server to checkpoint its shard at this worker's clock (after its pushes:
@@ -165,21 +189,27 @@ class PSClient(EmbeddingStore):
                 part_tables, counts = np.unique(tables[positions], return_counts=True)
                 yield index, group, part_tables, counts, ids[positions], positions
 
-    def _send_pull(self, rows: np.ndarray, step: int, slack: int) -> _Pending:
+    def _send_pull(self, rows: np.ndarray, step: int, slack: int, op: Op) -> _Pending:
+        """Send a PULL (rows) or READ (rows with optimizer state) of sorted unique rows."""
         if len(rows) and not bool(np.all(rows[1:] > rows[:-1])):
-            raise ValueError("pull needs sorted unique rows")
-        pending = _Pending(rows, [], [])
+            raise ValueError(f"{op.name.lower()} needs sorted unique rows")
+        width = self.dim + (self.state_width if op == Op.READ else 0)
+        pending = _Pending(rows, op, width, [], [])
         for index, _, tables, counts, ids, positions in self._split(rows, by_model=True):
             seq = self._next_seq()
-            reply = np.empty(reply_capacity(len(ids), self.dim), dtype=np.uint8)
+            reply = np.empty(reply_capacity(len(ids), width), dtype=np.uint8)
             recv = self.comm.Irecv(reply, source=self.servers[index], tag=reply_tag(seq))
-            buf = encode_request(Op.PULL, step, seq, slack, tables, counts, ids)
+            buf = encode_request(op, step, seq, slack, tables, counts, ids)
             pending.sends.append((self.comm.Isend(buf, dest=self.servers[index],
                                                   tag=TAG_REQUEST), buf))
             pending.parts.append((reply, positions, recv))
             pending.servers += (self.servers[index],)
-            self.stats.pull_bytes_sent += buf.nbytes
-        self.stats.pulls += 1
+            if op == Op.READ:
+                self.stats.move_bytes_sent += buf.nbytes
+            else:
+                self.stats.pull_bytes_sent += buf.nbytes
+        if op == Op.PULL:
+            self.stats.pulls += 1
         return pending
 
     def _complete(self, pending: _Pending) -> np.ndarray:
@@ -187,14 +217,18 @@ class PSClient(EmbeddingStore):
         wait_all([recv for *_, recv in pending.parts] + [r for r, _ in pending.sends],
                  Wait("pull", self.comm, pending.servers))
         self.stats.pull_wait_s += time.perf_counter() - start
-        out = np.empty((len(pending.rows), self.dim), dtype=np.float32)
+        out = np.empty((len(pending.rows), pending.width), dtype=np.float32)
         for reply, positions, _ in pending.parts:
-            values = decode_reply(reply, len(positions), self.dim)
+            values = decode_reply(reply, len(positions), pending.width)
             if isinstance(values, str):
                 raise EmbeddingError(values)
             out[positions] = values
-            self.stats.rows_pulled += len(positions)
-            self.stats.pull_bytes_received += 16 + values.nbytes
+            if pending.op == Op.PULL:
+                self.stats.rows_pulled += len(positions)
+                self.stats.pull_bytes_received += 16 + values.nbytes
+            else:
+                self.stats.rows_read += len(positions)
+                self.stats.move_bytes_received += 16 + values.nbytes
         return out
 
     def _send(self, index: int, buf: np.ndarray) -> None:

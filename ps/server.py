@@ -20,14 +20,24 @@ message layouts in :mod:`ps.types`):
    step, empty if none of its rows live there: the push is the clock tick. In deterministic
    mode the pushes of a step are held until every running worker's has arrived, then summed
    and applied as one update (the replicated trainer's semantics, bitwise reproducible).
-4. ``WRITE`` overwrites rows (their optimizer state reset) and is answered with an empty
-   reply once applied; workers use it to place initial dense parameters.
+4. ``WRITE`` overwrites rows and is answered with an empty reply once applied. With ``dim``
+   values per row the optimizer state is reset (workers place initial dense parameters so);
+   with ``dim + state`` values it is replaced too (hot/cold tiering, :mod:`embeddings.tiered`:
+   rows go back cold). It is not a clock tick. While a row is hot no worker pushes it, so
+   the write is its only update; the tiering writers wait for the acknowledgements and then
+   pass a barrier among the workers before any of them pushes again, so no read can see the
+   row before it is back.
 5. ``SAVE`` (checkpoint): each worker sends one to every server after its last push of the
    step. Once every running worker's has arrived (so every push before it has been applied),
    the server hands its shard to the save hook, which writes it and joins the checkpoint's
    commit, a collective with the workers; no request is pending meanwhile.
 6. ``DONE``: the worker will send nothing more; its clock stops holding others back. The loop
    ends once every worker has sent ``DONE`` and every reply has been delivered.
+7. ``READ`` (hot/cold tiering: rows become hot on the workers) is a ``PULL`` answered with
+   values and optimizer state, ``[n, dim + state]``, and always under BSP's rule, whatever
+   the sync model: it waits until every worker's pushes of all steps before its clock have
+   been applied. The rows change owner, so a gradient still on its way would be lost. Its
+   staleness is 0 by that rule and is not recorded with the training reads'.
 
 Receives are non-blocking probes on ``ANY_SOURCE`` with a backoff
 (:class:`hpctrain.runtime.waits.Backoff`) so an idle server leaves its core to the workers.
@@ -74,6 +84,8 @@ class ServerStats:
     rss_growth_bytes: int = 0  # the process's resident memory growth while building them
     staleness: dict[str, dict[int, int]] = field(default_factory=dict)
     """Per table: how many reads were served with each staleness (in clocks)."""
+    rows_read: int = 0  # READ: rows handed to the workers' hot tier with optimizer state
+    rows_written: int = 0  # WRITE: rows handed back
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -140,10 +152,13 @@ class Server:
         return min(bounded, key=lambda m: m.bound) if bounded else (models or self.models)[0]
 
     def _ready(self, request: Request) -> bool:
+        """Whether a read may be served now: PULL under its sync model, READ under BSP."""
+        if request.op == Op.READ:
+            return self.slowest_clock() >= request.step
         return self.model_of(request).ready(request.step, self.slowest_clock(), request.slack)
 
     def _handle(self, source: int, request: Request) -> None:
-        if request.op == Op.PULL:
+        if request.op in (Op.PULL, Op.READ):
             if self._ready(request):
                 self._answer(source, request)
             else:
@@ -177,16 +192,21 @@ class Server:
                           f"from rank {source}")
 
     def _answer(self, source: int, request: Request) -> None:
-        self.stats.pulls += 1
-        self._record_staleness(source, request)
+        if request.op == Op.PULL:
+            self.stats.pulls += 1
+            self._record_staleness(source, request)
         try:
             slots = self._slots(request)
         except EmbeddingError as exc:
             self.stats.errors += 1
             reply = encode_error(f"server rank {self.comm.Get_rank()}: {exc}")
         else:
-            reply = encode_rows(self.store.tables.pull(slots))
-            self.stats.rows_out += len(slots)
+            if request.op == Op.READ:
+                reply = encode_rows(self.store.tables.read(slots))
+                self.stats.rows_read += len(slots)
+            else:
+                reply = encode_rows(self.store.tables.pull(slots))
+                self.stats.rows_out += len(slots)
         self.stats.bytes_out += reply.nbytes
         self.sending.append((self.comm.Isend(reply, dest=source, tag=reply_tag(request.seq)),
                              reply))
@@ -236,12 +256,26 @@ class Server:
             self._apply([(w, arrived[w]) for w in sorted(arrived)])
 
     def _write(self, source: int, request: Request) -> None:
-        slots = self._slots(request)
+        """Values alone (optimizer state reset), or values then optimizer state (tiering)."""
         tables = self.store.tables
-        tables.weight[slots] = request.grads
-        tables.state[slots] = 0.0
-        self.stats.rows_in += len(slots)
+        try:
+            slots = self._slots(request)
+        except EmbeddingError as exc:  # writes carry only rows the worker may place: a bug
+            raise PSError(f"server rank {self.comm.Get_rank()}: bad write from rank "
+                          f"{source}: {exc}") from exc
+        width = request.grads.shape[1]
+        if width == self.dim:
+            tables.weight[slots] = request.grads
+            tables.state[slots] = 0.0
+        elif width == self.dim + tables.state_width:
+            tables.write(slots, request.grads)
+        else:
+            raise PSError(f"server rank {self.comm.Get_rank()}: a write from rank {source} "
+                          f"has rows of {width} values; this server keeps {self.dim} and "
+                          f"{tables.state_width} of optimizer state")
+        self.stats.rows_written += len(slots)
         reply = encode_rows(np.empty((0, self.dim), dtype=np.float32))
+        self.stats.bytes_out += reply.nbytes
         self.sending.append((self.comm.Isend(reply, dest=source, tag=reply_tag(request.seq)),
                              reply))
 

@@ -53,13 +53,15 @@ class PSJob:
         comm.Set_name("hpctrain.ps")
         return cls(comm, roles, layout, plan, Placement(plan))
 
-    def client(self, models: Sequence[SyncModel] | None = None) -> PSClient:
+    def client(self, models: Sequence[SyncModel] | None = None,
+               state_width: int = 0) -> PSClient:
         """A worker's client; ``models[t]`` is table ``t``'s sync model, so that one pull
-        request never mixes tables of different models."""
+        request never mixes tables of different models; ``state_width`` as the servers'
+        optimizer keeps it (to move rows with their state)."""
         groups = None if models is None else [sorted(set(models), key=str).index(m)
                                               for m in models]
         return PSClient(self.comm, self.layout, self.placement, self.roles.server_ranks(),
-                        groups)
+                        groups, state_width)
 
     def serve(self, optimizer: SparseOptimizer, seed: int, models: Sequence[SyncModel],
               deterministic: bool = False,

@@ -5,13 +5,14 @@ Every request is one byte buffer, sent with tag :data:`TAG_REQUEST`:
     int64  op, step, seq, slack, ntables; float64 lr (PUSH: the learning rate to apply)
     int64  table[ntables], count[ntables]
     int64  ids[sum(count)]                  (ids within each table, grouped by table)
-    float32 grads[sum(count), dim]          (PUSH: gradients; WRITE: new values)
+    float32 grads[sum(count), dim]          (PUSH: gradients; WRITE: new values, or new
+                                            values then optimizer state [.., dim + state])
 
 Every reply is one byte buffer, sent with tag ``reply_tag(seq)`` so that a worker with
 several requests in flight matches each reply to its request:
 
     int64  status (0 = rows follow, 1 = UTF-8 error message follows), payload bytes
-    float32 rows[n, dim]  or  UTF-8 message
+    float32 rows[n, dim]  or  rows[n, dim + state] (READ)  or  nothing (WRITE)  or  UTF-8 message
 
 The layout keeps every array aligned, so decoding is zero-copy views into the buffer.
 """
@@ -40,6 +41,7 @@ class Op(IntEnum):
     DONE = 3  # the sender will send nothing more
     WRITE = 4  # overwrite rows (optimizer state reset); answered with an empty reply
     SAVE = 5  # checkpoint at the sender's clock, once every running worker has asked
+    READ = 6  # read rows with their optimizer state under BSP's rule (tiering: rows go hot)
 
 
 def reply_tag(seq: int) -> int:
@@ -56,7 +58,7 @@ class Request:
     tables: np.ndarray  # int64 [ntables]
     counts: np.ndarray  # int64 [ntables]
     ids: np.ndarray  # int64 [n]
-    grads: np.ndarray | None = None  # float32 [n, dim] (PUSH)
+    grads: np.ndarray | None = None  # float32 [n, dim] (PUSH), [n, dim + state] (WRITE)
 
     def table_ids(self):
         """(table, ids) groups in message order."""
@@ -93,12 +95,16 @@ def decode_request(buf: np.ndarray, dim: int) -> Request:
     n = int(counts.sum())
     end = (HEADER + 2 * ntables + n) * 8
     ids = buf[(HEADER + 2 * ntables) * 8: end].view(np.int64)
-    grads = buf[end:].view(np.float32).reshape(n, dim) if op in (Op.PUSH, Op.WRITE) else None
+    grads = None
+    if op == Op.PUSH:
+        grads = buf[end:].view(np.float32).reshape(n, dim)
+    elif op == Op.WRITE:  # values alone, or values then optimizer state
+        grads = buf[end:].view(np.float32).reshape(n, -1 if n else dim)
     return Request(Op(op), step, seq, slack, lr, tables, counts, ids, grads)
 
 
 def reply_capacity(rows: int, dim: int) -> int:
-    """Bytes a worker must post for the reply to a pull of ``rows`` rows."""
+    """Bytes a worker must post for the reply to a pull of ``rows`` rows of ``dim`` values."""
     return _STATUS_BYTES + max(rows * dim * 4, _MIN_ERROR_ROOM)
 
 

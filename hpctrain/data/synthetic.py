@@ -55,10 +55,7 @@ class SyntheticClicks(Dataset):
         return self._sizes[_check_split(split)]
 
     def read(self, split: str, start: int, stop: int) -> Batch:
-        total = self.num_samples(split)
-        if not 0 <= start <= stop <= total:
-            raise IndexError(f"samples [{start}, {stop}) outside the {split} split of {total}")
-        index = np.arange(start, stop, dtype=np.uint64) + np.uint64(_SPLIT_BASE[split])
+        index = self._index(split, start, stop)
         keys = index[:, None] * np.uint64(_FIELDS) + np.arange(_FIELDS, dtype=np.uint64)
         u = rng.uniform(keys, self.seed)
         dense = self._dense(u[:, : 2 * NUM_DENSE])
@@ -66,6 +63,19 @@ class SyntheticClicks(Dataset):
         logit = _BIAS + (dense - 1.5) @ self._dense_weight + self._row_effect(sparse).sum(1)
         labels = (u[:, _FIELDS - 1] < 1.0 / (1.0 + np.exp(-logit))).astype(np.float32)
         return Batch(dense.astype(np.float32), sparse, labels)
+
+    def sparse(self, split: str, start: int, stop: int) -> np.ndarray:
+        """The categorical ids of samples ``[start, stop)``, as ``read(...).sparse``, without
+        drawing dense features and labels (for id-stream studies such as hit rates)."""
+        index = self._index(split, start, stop)
+        fields = np.arange(2 * NUM_DENSE, 2 * NUM_DENSE + len(self._n), dtype=np.uint64)
+        return self._ids(rng.uniform(index[:, None] * np.uint64(_FIELDS) + fields, self.seed))
+
+    def _index(self, split: str, start: int, stop: int) -> np.ndarray:
+        total = self.num_samples(split)
+        if not 0 <= start <= stop <= total:
+            raise IndexError(f"samples [{start}, {stop}) outside the {split} split of {total}")
+        return np.arange(start, stop, dtype=np.uint64) + np.uint64(_SPLIT_BASE[split])
 
     def _dense(self, u: np.ndarray) -> np.ndarray:
         u1, u2 = u[:, 0::2], u[:, 1::2]

@@ -50,3 +50,8 @@ class Dataset(ABC):
     @abstractmethod
     def read(self, split: str, start: int, stop: int) -> Batch:
         """Samples ``[start, stop)`` of ``split``; fewer only where lines were skipped."""
+
+    def sparse(self, split: str, start: int, stop: int) -> np.ndarray:
+        """Only the categorical ids of samples ``[start, stop)`` (a scan of the ids, such as
+        the one that seeds the hot tier); sources that can skip the rest override this."""
+        return self.read(split, start, stop).sparse

@@ -28,11 +28,14 @@ def format_summary(summary: Summary, workers: int) -> str:
     if summary.ps_clients:
         c = summary.ps_clients[0]
         steps = max(summary.steps, 1)
-        wire = c["pull_bytes_sent"] + c["pull_bytes_received"] + c["push_bytes_sent"]
+        wire = (c["pull_bytes_sent"] + c["pull_bytes_received"] + c["push_bytes_sent"]
+                + c["move_bytes_sent"] + c["move_bytes_received"])
         rows.append(("ps traffic (worker 0)",
                      f"{wire / steps / 1024:,.1f} KiB/step, "
                      f"pull wait {100 * c['pull_wait_s'] / max(summary.wall_s, 1e-9):.1f}% "
                      f"of the run, {c['prefetch_hits']:,} prefetch hits"))
+    if summary.tiering:
+        rows.extend(_tiering_rows(summary))
     for s in summary.ps_servers:
         rows.append((f"server rank {s['rank']}",
                      f"{s['pulls']:,} pulls, {s['pushes']:,} pushes, {s['rows_out']:,} rows "
@@ -46,6 +49,29 @@ def format_summary(summary: Summary, workers: int) -> str:
     rows.append(("run dir", summary.run_dir))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
+
+
+def _tiering_rows(summary: Summary) -> list[tuple[str, str]]:
+    """Hit rate of all workers against the oracle, and worker 0's tiers and moves."""
+    tiers = summary.tiering
+    first = tiers[0]
+    lookups = sum(t["lookups"] for t in tiers)
+    hit_rate = sum(t["hits"] for t in tiers) / max(lookups, 1)
+    steps = max(summary.steps, 1)
+    return [
+        ("hot tier", f"{first['hot_rows']:,} of {first['capacity']:,} rows, "
+                     f"{first['resident_bytes'] / 2**20:,.1f} MB resident of "
+                     f"{first['budget_bytes'] / 2**20:,.1f} MB budget"),
+        ("hot hit rate", f"{hit_rate:.3f} of {lookups:,} lookups (oracle "
+                         f"{first['oracle_hit_rate']:.3f}); per table "
+                         + " ".join(f"{h / max(n, 1):.2f}" for h, n in
+                                    zip(first["table_hits"], first["table_lookups"],
+                                        strict=True))),
+        ("tier traffic (worker 0)", f"hot sync {first['sync_bytes'] / steps / 1024:,.1f} KiB/step, "
+                                    f"{first['retiers']} re-tierings moved "
+                                    f"{first['rows_promoted']:,} rows in and "
+                                    f"{first['rows_demoted']:,} out"),
+    ]
 
 
 def print_summary(summary: Summary, workers: int) -> None:

@@ -4,13 +4,16 @@ One step (``accumulate`` micro-batches per optimizer step):
 
 1. each worker reads its slice of the global batch;
 2. the batch's unique embedding rows come from the store: replicas on every worker, or the
-   parameter servers (prefetched during the previous micro-batch when ``ps.prefetch``);
+   parameter servers (prefetched during the previous micro-batch when ``ps.prefetch``),
+   with the most used rows replicated on the workers when ``tiering.budget`` is set;
 3. the dense model runs forward and backward on the summed loss;
 4. dense gradients, the sample count and the loss sum are summed over the workers by
    bucketed allreduces that start during the last backward (:mod:`hpctrain.comm.fusion`),
    then divided by the global count (an exact mean, also for uneven slices);
 5. the dense optimizer steps, and the touched rows' gradients are pushed to the store, which
-   applies the sparse optimizer where the rows live. The push ends the worker's step.
+   applies the sparse optimizer where the rows live. The push ends the worker's step; with
+   tiering it also moves rows between the tiers every ``tiering.interval`` steps (timed as
+   the ``retier`` phase).
 
 A step with a NaN or Inf is stopped or skipped by every worker alike (``train.on_nonfinite``,
 :mod:`hpctrain.train.nonfinite`): each worker's verdict rides in step 4's allreduce.
@@ -41,9 +44,11 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from embeddings.collection import EmbeddingCollection, Lookup
+from embeddings.hotcold import hot_capacity, hot_row_bytes
 from embeddings.optim import SparseOptimizer
 from embeddings.replicated import ReplicatedTables
 from embeddings.tables import LocalTables, TableLayout
+from embeddings.tiered import TieredStore
 from hpctrain.comm import Group
 from hpctrain.comm.native import gatherv
 from hpctrain.config import JobConfig
@@ -65,14 +70,14 @@ from hpctrain.train.model_parallel import ModelParallelDLRM, wants_model_paralle
 from hpctrain.train.nonfinite import NonFiniteGuard, finite_samples
 from hpctrain.train.optim import DenseOptimizer
 from hpctrain.train.rundir import RunDir, default_run_dir
-from ps.client import PSClient
 from ps.service import PSJob
 
 __all__ = ["Trainer", "Summary", "run_training"]
 
 log = logging.getLogger(__name__)
 
-PHASES = ("data", "lookup", "compute", "dense_sync", "optimizer", "push", "checkpoint")
+PHASES = ("data", "lookup", "compute", "dense_sync", "optimizer", "push", "retier",
+          "checkpoint")
 
 
 @dataclass
@@ -94,6 +99,7 @@ class Summary:
     ps_servers: list[dict[str, object]] = field(default_factory=list)
     step_times: list[dict[str, float]] = field(default_factory=list)
     """Per worker: mean, p50, p99 and max step seconds, and straggler sleep."""
+    tiering: list[dict[str, object]] = field(default_factory=list)
 
     @property
     def step_s(self) -> float:
@@ -117,7 +123,7 @@ class Summary:
                 "skipped_lines": self.skipped_lines, "skipped_steps": self.skipped_steps,
                 "ps_clients": self.ps_clients,
                 "ps_servers": self.ps_servers, "step_times": self.step_times,
-                "staleness": self.staleness()}
+                "staleness": self.staleness(), "tiering": self.tiering}
 
     def staleness(self) -> dict[str, dict[str, float]]:
         """Per table, over all servers: reads, mean, p99 and max staleness in clocks."""
@@ -226,6 +232,7 @@ class Trainer:
                                      sc.straggler_seed)
         self.step_s: list[float] = []
         self.store, self.dense_ps, self.prefetch = None, None, False
+        self.client, self.tiered, self.warm_start_bytes = None, None, 0
         self.cadence = checkpointing.Cadence(config.checkpoint, self.comm)
         self.start_step = 0
         full = job is not None and config.ps.mode == "full"
@@ -237,23 +244,29 @@ class Trainer:
             return
         torch.manual_seed(tc.seed)
         self.model = DLRM(config.model, len(self.layout.specs)).to(topo.device)
+        # with tiering, each worker's count of hot rows rides in the dense allreduce
+        self.hot_counts = self.comm.Get_size() if config.tiering.budget > 0 else 0
         self.group = Group(self.comm, config.comm)
-        self.dp = DataParallel(self.model, self.group, config.comm, extra=3)
+        self.dp = DataParallel(self.model, self.group, config.comm, extra=3 + self.hot_counts)
         self.optimizer = DenseOptimizer(self.model.parameters(), tc.optimizer)
         self.job = job
+        sparse = SparseOptimizer(tc.optimizer)
         if job:
-            self.store = job.client(models)
+            self.store = self.client = job.client(models, sparse.state_width(self.layout.dim))
             if config.ps.mode == "full":
                 self.dense_ps = DenseOnServers(self.dp.params, self.store, job.layout)
                 if manifest is None:
                     self.dense_ps.place_initial(self.comm)
+            self.tiered = self._tiered(sparse, models)
+            self.store = self.tiered or self.client
         else:
-            tables = LocalTables(self.layout, SparseOptimizer(tc.optimizer), tc.seed)
-            self.store = ReplicatedTables(tables, self.comm)
+            self.store = ReplicatedTables(LocalTables(self.layout, sparse, tc.seed), self.comm)
         self.embeddings = EmbeddingCollection(self.layout, self.store, topo.device)
         self.prefetch = job is not None and config.ps.prefetch
         if manifest is not None:
             self._restore(manifest)
+        if self.tiered:
+            self.warm_start_bytes = self._warm_start()
 
     # -- checkpoints -----------------------------------------------------------------------
 
@@ -264,7 +277,7 @@ class Trainer:
             checkpointing.restore_rows(manifest, self.store.tables,
                                        checkpointing.replicated_select)
         else:
-            self.store.clock = manifest.step
+            self.client.clock = manifest.step  # the hot tier counts its own steps anew
         self.start_step = manifest.step
 
     def save_checkpoint(self, step: int) -> None:
@@ -273,8 +286,10 @@ class Trainer:
         started = time.perf_counter()
         folder = ckpt.step_dir(self.config.train.run_dir, step)
         files = []
-        if isinstance(self.store, PSClient):
-            self.store.save()
+        if self.tiered:  # the hot rows' current values go into the servers' shards
+            self.tiered.flush()
+        if self.client:
+            self.client.save()
         if self.comm.Get_rank() == 0:
             files.append(checkpointing.write_dense(folder, self.dp.params, self.optimizer.state))
             if isinstance(self.store, ReplicatedTables):
@@ -293,6 +308,40 @@ class Trainer:
         seconds = time.perf_counter() - started
         self.phase_s["checkpoint"] += seconds
         self.cadence.saved(seconds)
+
+    def _tiered(self, sparse: SparseOptimizer,
+                models: list[SyncModel] | None) -> TieredStore | None:
+        """The hot tier over the servers' client, or None when the budget allows no row.
+        Hot rows keep the strictest staleness bound among the tables' sync models."""
+        tc = self.config.tiering
+        row = hot_row_bytes(self.layout.dim, sparse.state_width(self.layout.dim))
+        capacity = hot_capacity(tc.budget, tc.budget_unit, self.layout.total_rows, row)
+        if capacity == 0:
+            if tc.budget > 0:
+                log.warning("tiering.budget = %s %s holds no row; tiering is off", tc.budget,
+                            tc.budget_unit)
+            return None
+        log.info("hot tier: %d of %d rows (%.1f MB per worker), %s", capacity,
+                 self.layout.total_rows, capacity * row / 2**20, tc.policy)
+        bounds = [m.bound for m in models or [] if m.bound is not None]
+        staleness = min(bounds) if bounds else (None if models else 0)  # None: all ASP
+        return TieredStore(self.layout, self.client, self.comm, sparse, tc, capacity,
+                           self.topo.device, staleness=staleness)
+
+    def _warm_start(self) -> int:
+        """Seed the hot set from the ids of the first ``tiering.prescan`` training samples,
+        each worker scanning its share; returns the bytes that moved the rows, which are
+        then taken out of the client's counters (they are not per-step traffic)."""
+        n = min(self.config.tiering.prescan, self.dataset.num_samples("train"))
+        if n == 0:
+            return 0
+        lo, hi = shard_range(n, self.comm.Get_size(), self.comm.Get_rank())
+        self.tiered.warm_start(
+            np.unique(self.layout.global_rows(self.dataset.sparse("train", a, min(hi, a + 65536))),
+                      return_counts=True) for a in range(lo, hi, 65536))
+        moved = self.client.stats.move_bytes_sent + self.client.stats.move_bytes_received
+        self.client.stats = type(self.client.stats)()
+        return moved
 
     # -- one step --------------------------------------------------------------------------
 
@@ -347,7 +396,7 @@ class Trainer:
             if micro == tc.accumulate - 1 and not self.dense_ps:
                 # the last backward starts the bucket allreduces; the step's statistics and
                 # this worker's verdict on its features and loss ride in the first bucket
-                self.dp.arm([count, loss_sum, self.guard.flag])
+                self.dp.arm(self._stats(count, loss_sum, [*lookups, lookup]))
             loss.backward()
             compute_s += time.perf_counter() - t1
             self.phase_s["lookup"] += t1 - t0
@@ -372,7 +421,10 @@ class Trainer:
             self.step_s.append(time.perf_counter() - started)
             return total, float("nan") if skip else loss_sum / max(count, 1)
         t0 = time.perf_counter()
-        total, total_loss, flagged = self.dp.allreduce([count, loss_sum, self.guard.flag])
+        total, total_loss, flagged, *hot = self.dp.allreduce(self._stats(count, loss_sum,
+                                                                           lookups))
+        if self.tiered:
+            self.tiered.expect(np.array(hot))
         if not flagged:  # no root cause anywhere: the summed gradients, the same everywhere
             self.guard.gradients(self.model.named_parameters())
         skip = self.guard.settle(step, flagged + self.guard.flag)
@@ -384,13 +436,28 @@ class Trainer:
             self.optimizer.step(lr)
         self.dp.zero()
         t2 = time.perf_counter()
-        self.store.push(*self.embeddings.gradients(lookups if keep else [], scale), lr)
+        moving = self.tiered.stats.retier_s if self.tiered else 0.0
+        rows, grads = self.embeddings.gradients(lookups, scale)
+        if not keep:  # this worker's share is dropped
+            rows, grads = self.tiered.withhold(rows, grads) if self.tiered else ([], [])
+        self.store.push(rows, grads, lr)
+        moved = (self.tiered.stats.retier_s - moving) if self.tiered else 0.0
         t3 = time.perf_counter()
         for phase, seconds in (("dense_sync", t1 - t0), ("optimizer", t2 - t1),
-                               ("push", t3 - t2)):
+                               ("push", t3 - t2 - moved), ("retier", moved)):
             self.phase_s[phase] += seconds
         self.step_s.append(t3 - started)
         return int(total), float("nan") if skip else total_loss * scale
+
+    def _stats(self, count: int, loss_sum: float, lookups: list[Lookup]) -> list[float]:
+        """What rides in the first gradient bucket: sample count, loss sum, this worker's
+        verdict on its features and loss, and with tiering each worker's count of hot rows in
+        the coming push (its own slot set, the others zero; see TieredStore.expect)."""
+        hot = [0.0] * self.hot_counts
+        if self.tiered:
+            hot[self.comm.Get_rank()] = self.tiered.hot_count(np.unique(np.concatenate(
+                [lk.rows for lk in lookups])))
+        return [count, loss_sum, self.guard.flag, *hot]
 
     def _model_parallel_step(self, step: int) -> tuple[int, float]:
         started = time.perf_counter()
@@ -444,7 +511,7 @@ class Trainer:
             left_out += dropped
             if len(batch) == 0:
                 continue
-            embedded, _ = self.embeddings.lookup(batch.sparse)
+            embedded, _ = self.embeddings.lookup(batch.sparse, train=False)
             logits = self.model(self._tensor(batch.dense), embedded)
             probs.append(torch.sigmoid(logits).cpu().numpy())
             labels.append(batch.labels)
@@ -495,12 +562,16 @@ class Trainer:
             summary.skipped_steps = [f["skipped_steps"] for f in facts]
             summary.ps_clients = [f["client"] for f in facts if f["client"]]
             summary.step_times = [f["step_times"] for f in facts]
+            summary.tiering = [f["tiering"] for f in facts if f["tiering"]]
         return summary
 
     def close(self) -> None:
-        """Tell the parameter servers this worker is done (no-op for replicated tables)."""
-        if isinstance(self.store, PSClient):
-            self.store.close()
+        """Write the hot rows back to the servers, which then hold the whole model, and tell
+        them this worker is done (collective over the workers; no-op for replicated tables)."""
+        if self.tiered:
+            self.tiered.flush()
+        if self.client:
+            self.client.close()
 
     def finish(self, summary: Summary) -> None:
         """Write the summary into the run directory (worker 0)."""
@@ -515,10 +586,13 @@ class Trainer:
         return result
 
     def _rank_facts(self) -> dict[str, object]:
-        client = self.store.stats.as_dict() if isinstance(self.store, PSClient) else None
         steps = np.array(self.step_s or [0.0])
         times = {"mean": float(steps.mean()), "p50": float(np.percentile(steps, 50)),
                  "p99": float(np.percentile(steps, 99)), "max": float(steps.max()),
                  "straggler_sleep": self.stragglers.delayed_s}
         return {"peak_rss_mb": peak_rss_bytes() / 2**20, "skipped": self.dataset.skipped,
-                "skipped_steps": self.guard.skipped, "client": client, "step_times": times}
+                "skipped_steps": self.guard.skipped,
+                "client": self.client.stats.as_dict() if self.client else None,
+                "step_times": times,
+                "tiering": ({**self.tiered.report().as_dict(),
+                             "warm_start_bytes": self.warm_start_bytes} if self.tiered else None)}

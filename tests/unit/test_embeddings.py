@@ -92,3 +92,33 @@ def test_collection_gradients_equal_dense_embedding_bags():
     before = tables.weight.copy()
     tables.push(*collection.gradients([lookup], scale=1.0), lr=0.5)
     np.testing.assert_allclose(tables.weight, before - 0.5 * dense_grad, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adagrad", "adam"])
+def test_torch_updates_equal_the_kernels(kind):
+    """The device path of the hot tier (torch ops) matches the numba kernels."""
+    rng = np.random.default_rng(1)
+    opt = SparseOptimizer(kind)
+    weight = rng.normal(size=(30, 4)).astype(np.float32)
+    state = opt.new_state(30, 4)
+    w_t, s_t = torch.from_numpy(weight.copy()), torch.from_numpy(state.copy())
+    for _ in range(3):
+        rows = rng.choice(30, size=8, replace=False).astype(np.int64)
+        grads = rng.normal(size=(8, 4)).astype(np.float32)
+        opt.apply(weight, state, rows, grads, 0.1)
+        opt.apply_torch(w_t, s_t, torch.from_numpy(rows), torch.from_numpy(grads), 0.1)
+    np.testing.assert_allclose(w_t.numpy(), weight, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(s_t.numpy(), state, rtol=1e-5, atol=1e-6)
+
+
+def test_local_tables_hand_rows_out_and_back_with_their_state():
+    tables = LocalTables(LAYOUT, SparseOptimizer("adagrad"), seed=2)
+    tables.push(np.array([3, 9]), np.ones((2, 4), np.float32), 0.5)
+    block = tables.read(np.array([3, 9]))
+    assert block.shape == (2, 5) and (block[:, 4] == 1.0).all()
+    other = LocalTables(LAYOUT, SparseOptimizer("adagrad"), seed=2)
+    other.write(np.array([3, 9]), block)
+    np.testing.assert_array_equal(other.weight, tables.weight)
+    np.testing.assert_array_equal(other.state, tables.state)
+    with pytest.raises(ValueError, match=r"block of \[1, 5\]"):
+        other.write(np.array([1]), block)

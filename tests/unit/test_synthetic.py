@@ -45,3 +45,8 @@ def test_ids_follow_a_power_law():
     assert top[:1000].sum() / len(ids) > 0.6
     flat = make(zipf=0.0).read("train", 0, 20_000).sparse[:, 3]
     assert np.unique(flat).size > 15_000
+
+
+def test_sparse_alone_equals_the_ids_of_read():
+    data = make()
+    np.testing.assert_array_equal(data.sparse("eval", 10, 400), data.read("eval", 10, 400).sparse)

@@ -1,0 +1,163 @@
+"""Which rows are hot: the budget, the re-tiering schedule, and hot-set selection (pure).
+
+Click-log ids follow a power law, so a few percent of the rows take most lookups; those are
+kept replicated on the workers (:mod:`embeddings.tiered`). Every ``interval`` steps the
+workers merge the counts they saw and each runs :meth:`HotSetPlanner.plan` on the same
+input, so they agree on the hot set without sending it.
+
+- **Budget**: :func:`hot_capacity` turns a budget in rows, bytes (values and optimizer state
+  and the row id) or a fraction of all rows into a row count, at most every row.
+- **LFU** (default): the rows with the highest decayed lookup counts
+  (:class:`~embeddings.freq.FrequencyTracker`); ties go to the most recently seen, then the
+  lower row.
+- **LRU** (for comparison): the rows seen most recently, ties to the higher count.
+- **Admission**: a row may enter only once its decayed count reaches ``admission``, so a
+  row seen once in the long tail does not displace a hot one; under LFU a row also needs
+  ``admission`` more lookups than the hot row it displaces, so rows at the edge of the hot
+  set, whose counts differ by noise, do not swap back and forth (each swap moves two rows
+  with their optimizer state over the network).
+
+Only rows that can matter are scored: the hot set, a reserve of as many runners-up, and the
+rows seen since the last plan. A row outside all three was outranked by ``2 * capacity``
+rows at the last plan and has not been seen since.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from embeddings.freq import FrequencyTracker
+
+__all__ = ["POLICIES", "BUDGET_UNITS", "hot_row_bytes", "hot_capacity", "retier_due",
+           "merge_seen", "best", "Retier", "HotSetPlanner"]
+
+POLICIES = ("lfu", "lru")
+BUDGET_UNITS = ("fraction", "rows", "bytes")
+
+_NO_ROWS = np.empty(0, dtype=np.int64)
+
+
+def hot_row_bytes(dim: int, state_width: int, delayed: bool = False) -> int:
+    """Bytes one hot row costs on each worker: its id (int64), values and optimizer state
+    (float32); ``delayed`` (a staleness bound above 0) adds the shared base copy, the
+    accumulated gradient and a touched flag (see :mod:`embeddings.tiered`)."""
+    row = 8 + 4 * (dim + state_width)
+    return row + 4 * (dim + state_width) + 4 * dim + 1 if delayed else row
+
+
+def hot_capacity(budget: float, unit: str, total_rows: int, row_bytes: int) -> int:
+    """Hot rows that ``budget`` allows: ``budget`` is a share of ``total_rows``, a row count,
+    or bytes at ``row_bytes`` per hot row. A budget above the table makes every row hot."""
+    if not math.isfinite(budget) or budget < 0:
+        raise ValueError(f"a hot-tier budget must be a finite number >= 0, got {budget!r}")
+    if unit not in BUDGET_UNITS:
+        raise ValueError(f"unknown budget unit {unit!r}; expected one of {BUDGET_UNITS}")
+    if unit == "fraction":
+        rows = budget * total_rows
+    elif unit == "rows":
+        rows = budget
+    else:
+        rows = budget / row_bytes
+    return int(min(total_rows, math.floor(rows)))
+
+
+def retier_due(step: int, interval: int, warm_up: bool = True) -> bool:
+    """Whether the hot set is recomputed after 0-based step ``step``: with ``warm_up``
+    after steps 1, 2, 4, 8, ... while under ``interval`` (the first batches already reveal
+    most of the head), and after every ``interval``-th step."""
+    done = step + 1
+    return done % interval == 0 or (warm_up and done < interval and done & (done - 1) == 0)
+
+
+def merge_seen(rows: np.ndarray, counts: np.ndarray,
+               last: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Observations of several workers merged: sorted unique rows, summed counts, and the
+    latest step each row was seen (one sort, then segment reductions)."""
+    order = np.argsort(rows, kind="stable")
+    rows = rows[order]
+    starts = np.flatnonzero(np.concatenate([[True], rows[1:] != rows[:-1]])) if len(rows) \
+        else np.empty(0, dtype=np.int64)
+    if len(starts) == 0:
+        return rows.astype(np.int64), np.empty(0, np.float32), np.empty(0, np.int64)
+    return (rows[starts].astype(np.int64),
+            np.add.reduceat(np.asarray(counts, dtype=np.float32)[order], starts),
+            np.maximum.reduceat(np.asarray(last, dtype=np.int64)[order], starts))
+
+
+def best(first: np.ndarray, second: np.ndarray, count: int) -> np.ndarray:
+    """Positions (in no order) of the ``count`` best entries by ``first`` then ``second``
+    (both higher first), ties to the lower position: a partition, and a sort of the ties."""
+    if count >= len(first):
+        return np.arange(len(first))
+    if count <= 0:
+        return np.empty(0, dtype=np.int64)
+    kth = np.partition(first, len(first) - count)[len(first) - count]
+    above = np.flatnonzero(first > kth)
+    tied = np.flatnonzero(first == kth)
+    tied = tied[np.lexsort((-second[tied], ))][: count - len(above)]
+    return np.concatenate([above, tied])
+
+
+@dataclass(frozen=True)
+class Retier:
+    """A re-tiering: the new hot set, and the rows entering and leaving it (all sorted)."""
+
+    hot: np.ndarray
+    promoted: np.ndarray
+    demoted: np.ndarray
+
+
+class HotSetPlanner:
+    """Chooses the hot set from the counts every worker has merged."""
+
+    def __init__(self, tracker: FrequencyTracker, capacity: int, policy: str = "lfu",
+                 admission: float = 0.0, decay: float = 1.0) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown policy {policy!r}; expected one of {POLICIES}")
+        self.tracker = tracker
+        self.capacity = capacity
+        self.policy = policy
+        self.admission = admission
+        self.decay = decay
+        self.hot = _NO_ROWS
+        self._pool, self._pool_last = _NO_ROWS, _NO_ROWS  # hot set and reserve, sorted
+        self._seen: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def record(self, rows: np.ndarray, counts: np.ndarray, last: np.ndarray) -> None:
+        """Count merged observations (:func:`merge_seen`): unique rows, their lookups, and
+        the step each was last seen."""
+        self.tracker.add(rows, counts)
+        self._seen.append((rows, last))
+
+    def plan(self) -> Retier:
+        """The next hot set; then every count decays by ``decay``."""
+        rows = np.concatenate([self._pool, *(r for r, _ in self._seen)])
+        last = np.concatenate([self._pool_last, *(s for _, s in self._seen)])
+        self._seen = []
+        candidates, _, latest = merge_seen(rows, np.zeros(len(rows), np.float32), last)
+        freq = self.tracker.estimate(candidates)
+        hot = _within(candidates, self.hot)
+        first, second = (freq, latest) if self.policy == "lfu" else (latest, freq)
+        if self.policy == "lfu" and self.admission:
+            first = freq + np.float32(self.admission) * hot
+        eligible = np.flatnonzero((freq >= self.admission) | hot)
+        chosen = eligible[best(first[eligible], second[eligible], self.capacity)]
+        pool = eligible[best(first[eligible], second[eligible], 2 * self.capacity)]
+        hot = np.sort(candidates[chosen])
+        pool = np.sort(pool)  # the best 2 x capacity include the best capacity
+        self._pool, self._pool_last = candidates[pool], latest[pool]
+        self.tracker.decay(self.decay)
+        retier = Retier(hot, hot[~_within(hot, self.hot)], self.hot[~_within(self.hot, hot)])
+        self.hot = hot
+        return retier
+
+
+def _within(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
+    """Which ``values`` are in ``sorted_set`` (sorted, unique): a binary search each."""
+    if len(sorted_set) == 0:
+        return np.zeros(len(values), dtype=bool)
+    at = np.minimum(np.searchsorted(sorted_set, values), len(sorted_set) - 1)
+    return sorted_set[at] == values

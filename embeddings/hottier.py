@@ -1,0 +1,96 @@
+"""The hot tier: a sorted set of rows with their values and optimizer state, one replica per
+worker, in host memory or on the worker's GPU (chosen at run time by the device passed in).
+
+Looking a row up is a binary search in the sorted row ids and a gather; an update runs the
+sparse optimizer where the rows are (numba kernels on host memory, the same formulas as
+torch ops on a GPU). Keeping the replicas equal is the caller's job
+(:class:`~embeddings.tiered.TieredStore` applies the same summed gradients everywhere).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from embeddings.optim import SparseOptimizer
+
+__all__ = ["HotTier"]
+
+
+class HotTier:
+    """Hot rows (sorted global row ids) with values ``[K, dim]`` and state ``[K, state]``."""
+
+    def __init__(self, dim: int, optimizer: SparseOptimizer, device: torch.device) -> None:
+        self.dim = dim
+        self.optimizer = optimizer
+        self.device = device
+        self.state_width = optimizer.state_width(dim)
+        self.rows = np.empty(0, dtype=np.int64)
+        self.weight = torch.empty((0, dim), dtype=torch.float32, device=device)
+        self.state = torch.empty((0, self.state_width), dtype=torch.float32, device=device)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For global ``rows``: which are hot (bool mask) and their slots (valid where hot)."""
+        slots = np.searchsorted(self.rows, rows)
+        hot = np.zeros(len(rows), dtype=bool)
+        inside = slots < len(self.rows)
+        hot[inside] = self.rows[slots[inside]] == rows[inside]
+        return hot, slots
+
+    def gather(self, slots: np.ndarray) -> np.ndarray:
+        """Values at ``slots`` as host float32 ``[n, dim]``."""
+        return self._host(self.weight[self._index(slots)])
+
+    def export(self, slots: np.ndarray) -> np.ndarray:
+        """Values then optimizer state at ``slots``, host float32 ``[n, dim + state]``."""
+        index = self._index(slots)
+        return self._host(torch.cat([self.weight[index], self.state[index]], dim=1))
+
+    def apply(self, slots: np.ndarray, grads: np.ndarray, lr: float) -> None:
+        """Run the sparse optimizer on unique ``slots`` with summed ``grads``."""
+        if len(slots) == 0:
+            return
+        if self.device.type == "cpu":
+            self.optimizer.apply(self.weight.numpy(), self.state.numpy(), slots, grads, lr)
+        else:
+            self.optimizer.apply_torch(self.weight, self.state, self._index(slots),
+                                       torch.from_numpy(grads).to(self.device), lr)
+
+    def replace(self, hot: np.ndarray, promoted: np.ndarray, block: np.ndarray) -> None:
+        """Become the rows ``hot`` (sorted): rows already here keep their values and state,
+        ``promoted`` rows take theirs from ``block`` (as :meth:`export` lays it out)."""
+        kept, slots = self.locate(hot)
+        weight = torch.empty((len(hot), self.dim), dtype=torch.float32, device=self.device)
+        state = torch.empty((len(hot), self.state_width), dtype=torch.float32,
+                            device=self.device)
+        where_kept = torch.from_numpy(np.flatnonzero(kept)).to(self.device)
+        weight[where_kept] = self.weight[self._index(slots[kept])]
+        state[where_kept] = self.state[self._index(slots[kept])]
+        fresh = np.flatnonzero(~kept)
+        if len(fresh) != len(promoted) or not np.array_equal(hot[fresh], promoted):
+            raise ValueError("the new hot set must be the kept rows plus the promoted ones")
+        incoming = torch.from_numpy(np.ascontiguousarray(block)).to(self.device)
+        where_fresh = torch.from_numpy(fresh).to(self.device)
+        weight[where_fresh] = incoming[:, : self.dim]
+        state[where_fresh] = incoming[:, self.dim:]
+        self.rows, self.weight, self.state = hot, weight, state
+
+    def copy_from(self, other: HotTier) -> None:
+        """Take ``other``'s rows, values and state (a replica refresh)."""
+        self.rows = other.rows
+        self.weight = other.weight.clone()
+        self.state = other.state.clone()
+
+    @property
+    def resident_bytes(self) -> int:
+        return (self.rows.nbytes + self.weight.numel() * 4 + self.state.numel() * 4)
+
+    def _index(self, slots: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(slots, dtype=np.int64)).to(self.device)
+
+    @staticmethod
+    def _host(values: torch.Tensor) -> np.ndarray:
+        return values.cpu().numpy() if values.device.type != "cpu" else values.numpy()

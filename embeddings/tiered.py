@@ -1,0 +1,379 @@
+"""Hot/cold tiering: the most used rows replicated on every worker, the long tail in a
+backing store (the parameter servers), behind one :class:`EmbeddingStore`.
+
+Every worker calls :meth:`TieredStore.push` once per step and :meth:`TieredStore.flush`
+once at the end, and may call :meth:`TieredStore.warm_start` before the first step; all are
+collective over ``comm`` (the workers). One step:
+
+1. Lookups: hot rows come from the local replica, the others from the cold store in one
+   pull. Training lookups are counted (:meth:`~TieredStore.observe`).
+2. Push: the step's rows are split by tier. Hot gradients are summed over the workers
+   (``MPI_Allreduce`` of the whole hot block, or ``MPI_Allgatherv`` of the touched rows when
+   that moves fewer bytes; the same choice on every worker, as it depends only on the
+   workers' counts of hot rows, which the trainer's dense allreduce carries, see
+   :meth:`~TieredStore.expect`) and every worker applies the same update to its replica.
+   The sum is started here and completed before the replica is next read (the next pull,
+   push or flush), so it overlaps the next step's start. Cold gradients are pushed to the
+   cold store, which is the worker's clock tick.
+3. Re-tiering, after the steps of :func:`~embeddings.hotcold.retier_due`, between the hot
+   update and the cold push:
+
+   a. the lookup counts since the last re-tiering are merged (``Allgatherv``) and every worker
+      runs the same :class:`~embeddings.hotcold.HotSetPlanner`: all agree on the new hot set;
+   b. demoted rows, which already carry this step's update, are written back with their
+      optimizer state, each worker writing its share and waiting for the acknowledgement;
+      then a barrier, so no worker reads such a row before it is back;
+   c. the step's cold push (it still carries the rows about to be promoted);
+   d. promoted rows are read with their optimizer state at the next clock, which the servers
+      answer only once every worker's pushes of this step are in.
+
+   Each gradient is therefore applied exactly once, by the tier that owns its row that step.
+
+Staleness bound ``s`` (the sync model's): with ``s = 0`` (BSP) hot gradients are summed every
+step and a replica is never behind. With ``s > 0`` (SSP) a worker applies its own hot
+gradients to its replica at once, and every ``s + 1`` steps the workers sum what they
+accumulated into a shared base that refreshes every replica: a cached row lacks at most ``s``
+steps of the other workers' updates (for SGD at a constant rate the base equals BSP's).
+``None`` (ASP) refreshes every ``interval`` steps. A re-tiering always refreshes first.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from embeddings.freq import FrequencyTracker, oracle_hit_rate
+from embeddings.hotcold import HotSetPlanner, Retier, hot_row_bytes, merge_seen, retier_due
+from embeddings.hottier import HotTier
+from embeddings.optim import SparseOptimizer, coalesce
+from embeddings.tables import TableLayout
+from embeddings.types import BackingStore, EmbeddingStore
+from hpctrain.comm.native import allgatherv
+from hpctrain.config import TieringConfig
+from hpctrain.runtime.waits import wait_all
+
+__all__ = ["TieredStore", "TieringStats"]
+
+_NO_ROWS = np.empty(0, dtype=np.int64)
+
+
+@dataclass
+class TieringStats:
+    """One worker's view of the tiers over a run (bytes are this worker's)."""
+
+    capacity: int = 0  # hot rows the budget allows
+    budget_bytes: int = 0  # capacity x bytes per hot row
+    resident_bytes: int = 0  # the hot tier's arrays (peak over the run)
+    frequency_bytes: int = 0  # counts and sketches
+    hot_rows: int = 0  # rows hot at the end
+    lookups: int = 0  # training lookups merged so far (ids, repeats included)
+    hits: int = 0  # of which served by the hot tier
+    table_lookups: list[int] = field(default_factory=list)
+    table_hits: list[int] = field(default_factory=list)
+    rows_hot: int = 0  # unique rows pulled from the hot tier
+    rows_cold: int = 0  # unique rows pulled from the cold store
+    dense_syncs: int = 0  # hot gradients summed by Allreduce of the block
+    sparse_syncs: int = 0  # ... by Allgatherv of the touched rows
+    sync_bytes: int = 0  # received in those collectives (ring: 2 (W-1)/W of the block)
+    retiers: int = 0
+    rows_promoted: int = 0
+    rows_demoted: int = 0
+    count_bytes: int = 0  # received when merging lookup counts
+    retier_s: float = 0.0
+    warm_start_rows: int = 0  # made hot by a scan of the data before training
+    warm_start_count_bytes: int = 0  # received merging the scan's counts
+    warm_start_s: float = 0.0
+    oracle_hit_rate: float = float("nan")  # best static hot set of `capacity` (worker 0)
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.lookups if self.lookups else 0.0
+
+    def as_dict(self) -> dict[str, object]:
+        return {**asdict(self), "hit_rate": self.hit_rate}
+
+
+class TieredStore(EmbeddingStore):
+    """Rows of ``layout``: the hot ones replicated on the workers of ``comm``, the others in
+    ``cold`` (this worker's handle on the shared backing store)."""
+
+    def __init__(self, layout: TableLayout, cold: BackingStore, comm: MPI.Intracomm,
+                 optimizer: SparseOptimizer, config: TieringConfig, capacity: int,
+                 device: torch.device, staleness: int | None = 0) -> None:
+        """Hold at most ``capacity`` hot rows (every row when it covers the tables)."""
+        self.layout = layout
+        self.dim = layout.dim
+        self.cold = cold
+        self.comm = comm
+        self.config = config
+        self.staleness = staleness
+        self.hot = HotTier(layout.dim, optimizer, device)
+        self.base = HotTier(layout.dim, optimizer, device) if staleness != 0 else None
+        tracker = FrequencyTracker(layout.sizes, config.exact_below, config.sketch_width,
+                                   config.sketch_depth, capacity)
+        self.planner = HotSetPlanner(tracker, capacity, config.policy, config.admission,
+                                     config.decay)
+        self.step = 0
+        self.last_sync = -1  # the last step whose hot gradients every replica holds
+        self._period = (staleness + 1) if staleness is not None else config.interval
+        self._lr = 0.0
+        self._summing: tuple[MPI.Request, np.ndarray, np.ndarray, np.ndarray, float] | None = None
+        self._expected: np.ndarray | None = None  # hot rows of each worker's coming push
+        self._seen: list[tuple[np.ndarray, np.ndarray, int]] = []
+        self._oracle = np.zeros(layout.total_rows) if comm.Get_rank() == 0 else None
+        # [lookups, hits] per table since the last merge, and up to it (what the oracle saw)
+        self._recent = np.zeros((2, len(layout.specs)), dtype=np.int64)
+        self._merged = np.zeros((2, len(layout.specs)), dtype=np.int64)
+        row = hot_row_bytes(layout.dim, optimizer.state_width(layout.dim), staleness != 0)
+        self.stats = TieringStats(capacity=capacity, budget_bytes=capacity * row,
+                                  frequency_bytes=tracker.nbytes)
+        self.everything_hot = capacity >= layout.total_rows
+        if self.everything_hot:
+            every = np.arange(layout.total_rows, dtype=np.int64)
+            self._install(Retier(every, every, _NO_ROWS), cold.read(every))
+        else:
+            self._install(Retier(_NO_ROWS, _NO_ROWS, _NO_ROWS),
+                          np.empty((0, self.dim + self.hot.state_width), np.float32))
+
+    # -- EmbeddingStore ----------------------------------------------------------------------
+
+    def pull(self, rows: np.ndarray) -> np.ndarray:
+        """Hot rows from the replica, the rest in one pull from the cold store."""
+        self._finish_sum()
+        hot, slots = self.hot.locate(rows)
+        out = np.empty((len(rows), self.dim), dtype=np.float32)
+        out[hot] = self.hot.gather(slots[hot])
+        out[~hot] = self.cold.pull(rows[~hot])
+        self.stats.rows_hot += int(hot.sum())
+        self.stats.rows_cold += len(rows) - int(hot.sum())
+        return out
+
+    def prefetch(self, rows: np.ndarray, ahead: int) -> None:
+        """Prefetch the cold ones; a re-tiering in between makes the cold store read afresh
+        (the cold set differs), so no row is read from before it was hot."""
+        self.cold.prefetch(rows[~self.hot.locate(rows)[0]], ahead)
+
+    def observe(self, rows: np.ndarray, counts: np.ndarray) -> None:
+        hot = self.hot.locate(rows)[0]
+        tables = self.layout.table_of(rows)
+        size = len(self.layout.specs)
+        self._recent[0] += np.bincount(tables, weights=counts, minlength=size).astype(np.int64)
+        self._recent[1] += np.bincount(tables[hot], weights=counts[hot],
+                                       minlength=size).astype(np.int64)
+        self._seen.append((rows, counts, self.step))
+
+    def warm_start(self, chunks: Iterable[tuple[np.ndarray, np.ndarray]]) -> None:
+        """Count lookups seen outside training, ``(unique rows, counts)`` chunks of a scan of
+        the data, and make the rows they rank hot (HugeCTR seeds its frequent embeddings
+        from the data likewise). Collective over ``comm``; before the first push."""
+        start = time.perf_counter()
+        for rows, counts in chunks:
+            self._seen.append((rows, counts, -1))
+        before = self.stats.count_bytes
+        self._merge_counts(lookups=False)
+        self.stats.warm_start_count_bytes = self.stats.count_bytes - before
+        self.stats.count_bytes = before
+        if not self.everything_hot:
+            plan = self.planner.plan()
+            self._write_back(plan.demoted)
+            self._install(plan, self.cold.read(plan.promoted))
+            self.stats.warm_start_rows = len(plan.promoted)
+        self.stats.warm_start_s = time.perf_counter() - start
+
+    def push(self, rows: np.ndarray, grads: np.ndarray, lr: float) -> None:
+        """Collective over ``comm``: hot update, re-tiering when due, cold push (module doc)."""
+        self._finish_sum()
+        rows, grads = coalesce(rows, grads)
+        hot, slots = self.hot.locate(rows)
+        step, self.step, self._lr = self.step, self.step + 1, lr
+        retier = not self.everything_hot and retier_due(step, self.config.interval,
+                                                        warm_up=not self.stats.warm_start_s)
+        counts, self._expected = self._expected, None
+        self._update_hot(slots[hot], grads[hot], lr, retier, counts)
+        plan = None
+        if retier:
+            start = time.perf_counter()
+            self._merge_counts()
+            plan = self.planner.plan()
+            self._write_back(plan.demoted)
+            self.stats.retier_s += time.perf_counter() - start
+        self.cold.push(rows[~hot], grads[~hot], lr)
+        if plan is not None:
+            start = time.perf_counter()
+            if len(plan.promoted) or len(plan.demoted):
+                self._install(plan, self.cold.read(plan.promoted))
+            self.stats.retiers += 1
+            self.stats.retier_s += time.perf_counter() - start
+
+    # -- end of training -----------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Write every hot row back with its optimizer state and merge the last counts;
+        collective over ``comm``. Afterwards the cold store holds every row's current value
+        (hot rows stay hot and are still served locally)."""
+        self._finish_sum()
+        if self.base is not None and self.last_sync < self.step - 1:
+            self._update_hot(_NO_ROWS, np.empty((0, self.dim), np.float32), self._lr, True,
+                             None)
+        self._merge_counts()
+        self._write_back(self.hot.rows)
+
+    def report(self) -> TieringStats:
+        """The counters so far. Hit rates cover the lookups merged so far (up to the last
+        re-tiering, or all after :meth:`flush`), the same ones worker 0's oracle hit rate
+        covers."""
+        stats = self.stats
+        stats.hot_rows = len(self.hot)
+        stats.table_lookups, stats.table_hits = self._merged.tolist()
+        stats.lookups, stats.hits = sum(stats.table_lookups), sum(stats.table_hits)
+        if self._oracle is not None:
+            stats.oracle_hit_rate = oracle_hit_rate(self._oracle, stats.capacity)
+        return stats
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _update_hot(self, slots: np.ndarray, grads: np.ndarray, lr: float, retier: bool,
+                    counts: np.ndarray | None) -> None:
+        """Apply this step's hot gradients as the staleness bound asks: summed over the
+        workers now or by the next read (bound 0), or locally with a periodic refresh."""
+        if self.base is None:
+            self._start_sum(slots, grads, lr, counts)
+            if retier:
+                self._finish_sum()
+            return
+        self._pending[slots] += grads
+        self._touched[slots] = True
+        if not retier and self.step % self._period:
+            self.hot.apply(slots, grads, lr)
+            return
+        touched = np.flatnonzero(self._touched)
+        self._start_sum(touched, self._pending[touched], lr, None)
+        self._finish_sum(into=self.base)
+        self.hot.copy_from(self.base)
+        self._pending[:] = 0.0
+        self._touched[:] = False
+
+    def withhold(self, rows: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The push that drops this worker's gradients (a non-finite share): no cold row,
+        and the hot rows with zero gradients, since every worker already counts on them in
+        the hot sum (:meth:`expect`)."""
+        hot = self.hot.locate(rows)[0]
+        return rows[hot], np.zeros_like(grads[hot])
+
+    def hot_count(self, rows: np.ndarray) -> int:
+        """Hot rows among the unique ``rows`` of the coming push: a caller that sums these
+        counts over the workers in a collective it issues anyway hands them to
+        :meth:`expect`, and the push saves one collective."""
+        return int(self.hot.locate(rows)[0].sum())
+
+    def expect(self, counts: np.ndarray) -> None:
+        """Every worker's :meth:`hot_count` for the coming push, in worker order."""
+        self._expected = np.asarray(counts, dtype=np.int64)
+
+    def _start_sum(self, slots: np.ndarray, grads: np.ndarray, lr: float,
+                   counts: np.ndarray | None) -> None:
+        """Start summing every worker's hot gradients: an ``Iallgather`` of their counts,
+        unless :meth:`expect` gave them."""
+        if counts is None:
+            counts = np.empty(self.comm.Get_size(), dtype=np.int64)
+            request = self.comm.Iallgather(np.array([len(slots)], dtype=np.int64), counts)
+        elif counts[self.comm.Get_rank()] != len(slots):
+            raise ValueError(f"expected {counts[self.comm.Get_rank()]} hot rows in this "
+                             f"push, got {len(slots)}")
+        else:
+            request = MPI.REQUEST_NULL
+        self._summing = (request, counts, slots, grads, lr)
+
+    def _finish_sum(self, into: HotTier | None = None) -> None:
+        """Complete the sum started by :meth:`_start_sum` and apply it to ``into`` (the
+        replica by default); equal on every worker.
+
+        By the counts, either an ``Iallreduce`` of the hot block with a touched flag per row
+        or an ``Iallgatherv`` of (slot, gradient) pairs, whichever moves fewer bytes under a
+        ring model. Unlike :mod:`hpctrain.comm.native`'s blocking calls, these are completed
+        by :func:`~hpctrain.runtime.waits.wait_all`: they run every step, and a blocking
+        MPICH collective spins, taking the core its peers need where ranks outnumber cores."""
+        if self._summing is None:
+            return
+        request, counts, slots, grads, lr = self._summing
+        self._summing = None
+        wait_all([request])
+        total = int(counts.sum())
+        self.last_sync = self.step - 1
+        if total == 0:
+            return
+        into = into or self.hot
+        workers = self.comm.Get_size()
+        share = (workers - 1) / workers
+        dense = 2 * share * len(into) * (self.dim + 1) * 4
+        sparse = share * total * (self.dim + 2) * 4
+        if dense <= sparse:
+            block = np.zeros((len(into), self.dim + 1), dtype=np.float32)
+            block[slots, : self.dim] = grads
+            block[slots, self.dim] = 1.0
+            wait_all([self.comm.Iallreduce(MPI.IN_PLACE, block, op=MPI.SUM)])
+            self.stats.dense_syncs += 1
+            self.stats.sync_bytes += int(dense)
+            touched = np.flatnonzero(block[:, self.dim])
+            into.apply(touched, np.ascontiguousarray(block[touched, : self.dim]), lr)
+            return
+        # One message per worker: each slot's int64 and its float32 gradient as int32 words.
+        packed = np.empty((len(slots), self.dim + 2), dtype=np.int32)
+        packed[:, :2] = np.ascontiguousarray(slots, dtype=np.int64).view(np.int32).reshape(-1, 2)
+        packed[:, 2:] = np.ascontiguousarray(grads, dtype=np.float32).view(np.int32)
+        everyone = np.empty((total, self.dim + 2), dtype=np.int32)
+        wait_all([self.comm.Iallgatherv(packed, [everyone, counts * (self.dim + 2)])])
+        self.stats.sparse_syncs += 1
+        self.stats.sync_bytes += (total - len(slots)) * (self.dim + 2) * 4
+        all_slots = np.ascontiguousarray(everyone[:, :2]).view(np.int64).reshape(-1)
+        into.apply(*coalesce(all_slots, np.ascontiguousarray(everyone[:, 2:]).view(np.float32)),
+                   lr)
+
+    def _merge_counts(self, lookups: bool = True) -> None:
+        """``Allgatherv`` of every worker's (row, lookups, last step) since the last merge;
+        every worker records the same merged counts. ``lookups``: they are training
+        lookups (counted in the hit rates and the oracle), not a scan of the data."""
+        if self._seen:
+            rows, counts, last = merge_seen(
+                np.concatenate([r for r, _, _ in self._seen]),
+                np.concatenate([c for _, c, _ in self._seen]),
+                np.concatenate([np.full(len(r), s, dtype=np.int64) for r, _, s in self._seen]))
+        else:
+            rows, counts, last = _NO_ROWS, np.empty(0, np.float32), _NO_ROWS
+        self._seen = []
+        mine = np.stack([rows, counts.astype(np.int64), last], axis=1)
+        everyone = allgatherv(mine, self.comm)
+        self.stats.count_bytes += (len(everyone) - len(mine)) * mine.itemsize * 3
+        rows, counts, last = merge_seen(everyone[:, 0], everyone[:, 1], everyone[:, 2])
+        self.planner.record(rows, counts, last)
+        if lookups:
+            self._merged += self._recent
+            self._recent[:] = 0
+            if self._oracle is not None:
+                self._oracle[rows] += counts
+
+    def _write_back(self, rows: np.ndarray) -> None:
+        """This worker's share of ``rows`` (every ``W``-th) written to the cold store with
+        values and optimizer state, acknowledged; then an ``Ibarrier`` over ``comm``."""
+        mine = rows[self.comm.Get_rank():: self.comm.Get_size()]
+        if len(mine):
+            self.cold.write(mine, self.hot.export(self.hot.locate(mine)[1]))
+        wait_all([self.comm.Ibarrier()])
+
+    def _install(self, plan: Retier, block: np.ndarray) -> None:
+        self.hot.replace(plan.hot, plan.promoted, block)
+        self.stats.rows_promoted += len(plan.promoted)
+        self.stats.rows_demoted += len(plan.demoted)
+        if self.base is not None:
+            self.base.copy_from(self.hot)
+            self._pending = np.zeros((len(self.hot), self.dim), dtype=np.float32)
+            self._touched = np.zeros(len(self.hot), dtype=bool)
+        extra = 0 if self.base is None else (self.base.resident_bytes - self.hot.rows.nbytes
+                                             + self._pending.nbytes + self._touched.nbytes)
+        self.stats.resident_bytes = max(self.stats.resident_bytes,
+                                        self.hot.resident_bytes + extra)

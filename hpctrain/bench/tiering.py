@@ -1,0 +1,213 @@
+"""``hpctrain bench tiering``: hot/cold tiering against the untiered parameter server.
+
+Launch with one server and the workers, e.g. ``mpiexec -n 4 hpctrain bench tiering``.
+Two measurements per setting (Zipf exponent x hot budget as a share of all rows):
+
+1. **Hit rates** on the synthetic generator's id stream of one ``--rows`` table (tables of
+   one size and exponent all behave alike), without MPI traffic: the share of lookups the
+   hot set serves under LFU and LRU, replaying what the tiered store does (the same
+   :class:`~embeddings.hotcold.HotSetPlanner` and tracker, counts merged per global batch,
+   re-tiered on :func:`~embeddings.hotcold.retier_due`'s schedule), and the oracle: the best
+   static hot set of that size for the same stream, in hindsight. The stream is long
+   (``--stream-steps`` x ``--stream-batch`` lookups, 20M by default) so that the first
+   lookup of each row, which no policy but hindsight can serve, weighs little. The
+   exponents are shared out over the workers.
+2. **Training**: real runs of the DLRM on ``--tables`` such tables, untiered (every row on
+   the server) and tiered (LFU), one after the other in this job: bytes to and from the
+   servers per training step (pulls, pushes and the re-tierings' moves, all workers) and
+   samples per second, the best of ``--repeat`` runs (other jobs on the machine slow single
+   runs down); the untiered run is the baseline of the ratios. A short run cannot learn the
+   hot set of a million-row table online, so the tiered runs start from a scan of the first
+   ``--prescan`` training samples' ids (``tiering.prescan``); the rows that scan makes hot
+   and the time it takes are reported apart (``warm_start_bytes``, ``warm_start_s``), as is
+   the final write-back of the hot rows, which is not counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+from embeddings.freq import FrequencyTracker, oracle_hit_rate
+from embeddings.hotcold import HotSetPlanner, merge_seen, retier_due
+from hpctrain.config import JobConfig, load_config
+from hpctrain.data.synthetic import SyntheticClicks
+from hpctrain.runtime.waits import wait_all
+from hpctrain.runtime.world import Topology
+from hpctrain.train.trainer import run_training
+
+__all__ = ["add_arguments", "run", "COLUMNS"]
+
+COLUMNS = ["zipf", "hot_fraction", "lfu_hit_rate", "lru_hit_rate", "oracle_hit_rate",
+           "train_hit_rate", "bytes_per_step", "bytes_ratio", "samples_per_s",
+           "baseline_samples_per_s", "speedup"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tables", type=int, default=4, help="embedding tables (default 4)")
+    parser.add_argument("--rows", type=int, default=1 << 20, help="rows per table (2^20)")
+    parser.add_argument("--zipf", type=float, nargs="+", default=[0.9, 1.05, 1.2],
+                        help="Zipf exponents of the ids (default 0.9 1.05 1.2)")
+    parser.add_argument("--budgets", type=float, nargs="+", default=[0.01, 0.05, 0.1],
+                        help="hot budgets, shares of all rows (default 0.01 0.05 0.1)")
+    parser.add_argument("--stream-steps", type=int, default=300,
+                        help="global batches of the hit-rate streams (default 300)")
+    parser.add_argument("--stream-batch", type=int, default=65536,
+                        help="samples per global batch of the streams (default 65536)")
+    parser.add_argument("--train-steps", type=int, default=300,
+                        help="steps of each training run (default 300)")
+    parser.add_argument("--prescan", type=int, default=5_000_000,
+                        help="training samples scanned to seed the hot set (default 5M)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="training runs per setting, the fastest counts (default 1)")
+    parser.add_argument("--json", metavar="FILE", help="write the result rows as JSON")
+
+
+def run(args: argparse.Namespace, config: JobConfig,
+        topo: Topology) -> list[dict[str, Any]] | None:
+    """Run both measurements on every rank; world rank 0 returns one row per setting."""
+    settings = [(z, b) for z in args.zipf for b in args.budgets]
+    hits = _hit_rates(args, config, topo) if topo.is_worker else []
+    wait_all([topo.world.Ibarrier()])  # ranks done early wait without spinning
+    gathered = topo.world.gather(hits, root=0)
+    training = _training(args, config, topo)
+    if topo.rank != 0:
+        return None
+    by_setting = {(r["zipf"], r["hot_fraction"]): r for part in gathered for r in part}
+    return [{**by_setting[s], **training[s]} for s in settings]
+
+
+# -- hit rates on id streams -------------------------------------------------------------------
+
+
+def _hit_rates(args: argparse.Namespace, config: JobConfig,
+               topo: Topology) -> list[dict[str, Any]]:
+    """This worker's share of the exponents (every ``W``-th): all budgets and policies."""
+    rows = []
+    for zipf in args.zipf[topo.worker_rank:: topo.workers]:
+        stream = _stream(args, zipf, config.data.seed)
+        for budget in args.budgets:
+            capacity = int(budget * args.rows)
+            row = {"zipf": zipf, "hot_fraction": budget, "hot_rows": capacity,
+                   "stream_lookups": sum(int(c.sum()) for _, c in stream)}
+            for policy in ("lfu", "lru"):
+                start = time.perf_counter()
+                row[f"{policy}_hit_rate"] = _replay(args, config, stream, capacity, policy)
+                row[f"{policy}_replay_s"] = time.perf_counter() - start
+            total = np.zeros(args.rows)
+            for ids, counts in stream:
+                total[ids] += counts
+            row["oracle_hit_rate"] = oracle_hit_rate(total, capacity)
+            row["lfu_gap"] = row["oracle_hit_rate"] - row["lfu_hit_rate"]
+            rows.append(row)
+    return rows
+
+
+def _stream(args: argparse.Namespace, zipf: float,
+            seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each global batch's unique rows of one table and their lookup counts."""
+    data = SyntheticClicks([args.rows], args.stream_steps * args.stream_batch, 1, zipf, seed)
+    batch = args.stream_batch
+    return [np.unique(data.sparse("train", s * batch, (s + 1) * batch)[:, 0],
+                      return_counts=True) for s in range(args.stream_steps)]
+
+
+def _replay(args: argparse.Namespace, config: JobConfig,
+            stream: list[tuple[np.ndarray, np.ndarray]], capacity: int, policy: str) -> float:
+    """Share of the stream's lookups served by the hot set that the tiered store would
+    hold under ``policy``, with the job's tiering settings."""
+    tc = config.tiering
+    tracker = FrequencyTracker([args.rows], tc.exact_below, tc.sketch_width, tc.sketch_depth,
+                               capacity)
+    planner = HotSetPlanner(tracker, capacity, policy, tc.admission, tc.decay)
+    hits = lookups = 0
+    seen = []
+    for step, (ids, counts) in enumerate(stream):
+        slots = np.minimum(np.searchsorted(planner.hot, ids), max(len(planner.hot) - 1, 0))
+        hot = planner.hot[slots] == ids if len(planner.hot) else np.zeros(len(ids), bool)
+        hits += int(counts[hot].sum())
+        lookups += int(counts.sum())
+        seen.append((ids, counts, np.full(len(ids), step)))
+        if retier_due(step, tc.interval):
+            planner.record(*merge_seen(*(np.concatenate(part) for part in zip(*seen,
+                                                                              strict=True))))
+            planner.plan()
+            seen = []
+    return hits / lookups
+
+
+# -- training runs ---------------------------------------------------------------------------
+
+
+def _training(args: argparse.Namespace, config: JobConfig,
+              topo: Topology) -> dict[tuple[float, float], dict[str, Any]]:
+    """Untiered then tiered runs per exponent; collective over the world. World rank 0
+    gets, per setting, bytes and samples/s against the untiered run."""
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="hpctrain-bench-") as scratch:
+        for zipf in args.zipf:
+            base = _best(args, config, topo, zipf, 0.0, scratch)
+            for budget in args.budgets:
+                tiered = _best(args, config, topo, zipf, budget, scratch)
+                if topo.rank != 0:
+                    continue
+                results[(zipf, budget)] = {
+                    "train_hit_rate": tiered["hit_rate"],
+                    "train_oracle_hit_rate": tiered["oracle_hit_rate"],
+                    "bytes_per_step": tiered["bytes_per_step"],
+                    "baseline_bytes_per_step": base["bytes_per_step"],
+                    "bytes_ratio": tiered["bytes_per_step"] / base["bytes_per_step"],
+                    "warm_start_bytes": tiered["warm_start_bytes"],
+                    "warm_start_s": tiered["warm_start_s"],
+                    "move_bytes_per_step": tiered["move_bytes_per_step"],
+                    "peer_bytes_per_step": tiered["peer_bytes_per_step"],
+                    "samples_per_s": tiered["samples_per_s"],
+                    "baseline_samples_per_s": base["samples_per_s"],
+                    "speedup": tiered["samples_per_s"] / base["samples_per_s"],
+                    "retier_share": tiered["retier_share"],
+                    "train_steps": args.train_steps,
+                }
+    return results
+
+
+def _best(args: argparse.Namespace, config: JobConfig, topo: Topology, zipf: float,
+          budget: float, scratch: str) -> dict[str, float]:
+    """The fastest of ``--repeat`` runs (world rank 0; others get {})."""
+    runs = [_train(args, config, topo, zipf, budget, scratch) for _ in range(args.repeat)]
+    return max(runs, key=lambda r: r.get("samples_per_s", 0.0))
+
+
+def _train(args: argparse.Namespace, config: JobConfig, topo: Topology, zipf: float,
+           budget: float, scratch: str) -> dict[str, float]:
+    """One training run; world rank 0 returns its traffic and throughput."""
+    samples = max(args.train_steps * config.train.batch_size, args.prescan)
+    base = load_config(args.job, overrides=[
+        f"data.table_sizes=[{', '.join([str(args.rows)] * args.tables)}]",
+        f"data.zipf={zipf}", f"data.train_samples={samples}", f"tiering.prescan={args.prescan}",
+        "data.eval_samples=1000", f"train.steps={args.train_steps}", "train.progress=false",
+        f"ps.servers={topo.roles.servers}", f"tiering.budget={budget}",
+        f"train.run_dir={f'{scratch}/z{zipf}-b{budget}'!r}", *args.set])
+    job = dataclasses.replace(base, runtime=config.runtime)
+    summary = run_training(job, topo)
+    if topo.rank != 0:
+        return {}
+    clients, steps = summary.ps_clients, max(summary.steps, 1)
+    wire = sum(c["pull_bytes_sent"] + c["pull_bytes_received"] + c["push_bytes_sent"]
+               + c["move_bytes_sent"] + c["move_bytes_received"] for c in clients)
+    moves = sum(c["move_bytes_sent"] + c["move_bytes_received"] for c in clients)
+    tiers = summary.tiering
+    lookups = sum(t["lookups"] for t in tiers)
+    return {"bytes_per_step": wire / steps, "move_bytes_per_step": moves / steps,
+            "peer_bytes_per_step": sum(t["sync_bytes"] + t["count_bytes"] for t in tiers)
+            / steps,
+            "samples_per_s": summary.samples_per_s,
+            "hit_rate": sum(t["hits"] for t in tiers) / lookups if lookups else 0.0,
+            "oracle_hit_rate": tiers[0]["oracle_hit_rate"] if tiers else 0.0,
+            "retier_share": summary.phase_s["retier"] / max(summary.wall_s, 1e-9),
+            "warm_start_bytes": sum(t["warm_start_bytes"] for t in tiers),
+            "warm_start_s": max((t["warm_start_s"] for t in tiers), default=0.0)}

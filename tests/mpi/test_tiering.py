@@ -1,0 +1,210 @@
+"""Hot/cold tiering inside real MPI jobs: rows moving between the workers' hot tier and the
+parameter servers lose no update and apply none twice; tiered training equals untiered."""
+
+import dataclasses
+import json
+import sys
+
+import numpy as np
+import pytest
+import torch
+from harness import run_mpi
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from mpi4py import MPI
+
+from embeddings.optim import SparseOptimizer
+from embeddings.tables import LocalTables, TableLayout
+from embeddings.tiered import TieredStore
+from hpctrain.config import TieringConfig, load_config
+from hpctrain.runtime.world import build_topology
+from hpctrain.sync.bsp import BSP
+from hpctrain.train.trainer import Trainer
+from ps.service import PSJob
+
+SIZES = [40, 7, 300, 1000]
+DIM = 4
+SEED = 3
+# Re-tier after every other step, forget fast, admit anything: rows churn between the tiers.
+CHURN = TieringConfig(interval=2, decay=0.3, admission=0.0, exact_below=200, sketch_width=64)
+
+# One draw is one round: the rows each worker touches, with repeats; a Zipf-like head (rows
+# 40..46, a 7-row table) keeps a hot set worth having, the rest comes from anywhere.
+ROUND = st.lists(st.lists(st.one_of(st.integers(40, 46), st.integers(0, sum(SIZES) - 1)),
+                          min_size=4, max_size=30), min_size=3, max_size=3)
+
+
+def gradient(round_: int, worker: int, rows: np.ndarray) -> np.ndarray:
+    base = rows[:, None] * 0.001 + np.arange(DIM) * 0.01 + round_ * 0.1 + worker
+    return np.sin(base).astype(np.float32)
+
+
+def tiered_rounds(topo, layout, servers, capacity, examples, kind="sgd", staleness=0,
+                  tiering=CHURN):
+    """Hypothesis rounds through a tiered store over fresh servers, against a local replica
+    that applies every round's summed gradients. A pull must equal the replica as it was
+    ``L <= staleness`` rounds ago plus this worker's own updates since (SGD); at the end the
+    servers hold every row, optimizer state included, exactly as the replica. With adagrad
+    each row is touched by one worker per round (the servers apply each worker's push on
+    its own, which only SGD makes equal to applying the sum). Returns the store, or None on
+    servers."""
+    config = load_config(overrides=[f"ps.servers={servers}", "ps.sharding='row_hash'"])
+    job = PSJob.create(topo.world, topo.roles, layout, config.ps, SEED)
+    optimizer, lr = SparseOptimizer(kind), (1.0 if kind == "sgd" else 0.1)
+    if not topo.is_worker:
+        job.serve(optimizer, SEED, [BSP] * len(SIZES))
+        return None
+    workers, me = topo.workers, topo.worker_rank
+    client = job.client(state_width=optimizer.state_width(DIM))
+    store = TieredStore(layout, client, topo.role_comm, optimizer, tiering, capacity,
+                        torch.device("cpu"), staleness)
+    reference = LocalTables(layout, optimizer, SEED)
+    history = [reference.weight.astype(np.float64)]  # the replica after each round
+    own = [np.zeros_like(history[0])]  # the changes of this worker's own SGD updates, cumulative
+    lagged = [0]
+
+    def rows_of(batches, worker):
+        rows = np.array(batches[worker % len(batches)], dtype=np.int64)
+        return rows if kind == "sgd" else rows[rows % workers == worker]
+
+    @settings(derandomize=True, database=None, max_examples=examples, deadline=None,
+              phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+    @given(ROUND)
+    def one_round(batches):
+        t = len(history) - 1
+        mine = rows_of(batches, me)
+        unique, counts = np.unique(mine, return_counts=True)
+        store.observe(unique, counts)
+        pulled = store.pull(unique).astype(np.float64)
+        ok = np.zeros(len(unique), dtype=bool)
+        for lag in range(0, min(staleness, t) + 1):
+            expected = history[t - lag] + (own[t] - own[t - lag])
+            match = np.isclose(pulled, expected[unique], rtol=1e-5, atol=1e-6).all(axis=1)
+            if lag == 0:
+                lagged[0] += int((~match).sum())
+            ok |= match
+        assert ok.all(), f"round {t}: rows {unique[~ok]} are staler than {staleness} steps"
+        topo.role_comm.Barrier()  # as the trainer's dense allreduce does
+        store.push(mine, gradient(t, me, mine), lr)
+        everyone = [rows_of(batches, w) for w in range(workers)]
+        reference.push(np.concatenate(everyone), np.concatenate(
+            [gradient(t, w, rows) for w, rows in enumerate(everyone)]), lr)
+        history.append(reference.weight.astype(np.float64))
+        step = np.zeros_like(own[-1])
+        np.add.at(step, mine, gradient(t, me, mine))
+        own.append(own[-1] - lr * step)
+
+    one_round()
+    store.flush()
+    stats = store.report()
+    everything = np.arange(layout.total_rows)
+    np.testing.assert_allclose(client.read(everything), reference.read(everything),
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(store.pull(everything), reference.weight, rtol=1e-5, atol=1e-6)
+    replicas = topo.role_comm.allgather(store.hot.weight.numpy().tobytes())
+    assert all(r == replicas[0] for r in replicas), "hot replicas differ"
+    if capacity < layout.total_rows:
+        assert stats.retiers > 4 and stats.rows_promoted > 10 and stats.rows_demoted > 5, stats
+    else:  # a budget over the tables: every row hot from the start, never a cold pull
+        assert len(store.hot) == layout.total_rows and stats.rows_cold == 0, stats
+    assert len(store.hot) <= capacity and stats.resident_bytes <= stats.budget_bytes
+    assert (topo.role_comm.allreduce(lagged[0]) > 0) == (staleness > 0), "stale reads?"
+    client.close()
+    return store
+
+
+@pytest.mark.mpi(ranks=(3, 4))
+def test_no_update_lost_or_doubled_through_promotions_and_demotions(mpi_ranks):
+    """Rounds against 1 server (np3: 2 workers) or 2 servers (np4: 2 workers): SGD (lr 1)
+    with a small hot tier (gradients summed by Allreduce) and a larger one (Allgatherv),
+    adagrad (state moves with the rows), SGD under a staleness bound of 2 (SSP: a replica
+    lags at most 2 steps, then is refreshed), and every row hot."""
+    servers = mpi_ranks - 2
+    topo = build_topology(load_config(overrides=[f"ps.servers={servers}"]))
+    layout = TableLayout.from_sizes(SIZES, DIM)
+    small = tiered_rounds(topo, layout, servers, capacity=6, examples=20)
+    large = tiered_rounds(topo, layout, servers, capacity=40, examples=20)
+    tiered_rounds(topo, layout, servers, capacity=20, examples=20, kind="adagrad")
+    tiered_rounds(topo, layout, servers, capacity=20, examples=30, staleness=2,
+                  tiering=dataclasses.replace(CHURN, interval=7))
+    tiered_rounds(topo, layout, servers, capacity=layout.total_rows, examples=8)
+    if topo.is_worker:
+        assert small.stats.dense_syncs > 0 and large.stats.sparse_syncs > 0
+
+
+TRAIN = ["data.table_sizes=[50, 200, 1000, 7]", "data.train_samples=3000",
+         "data.eval_samples=300", "model.embedding_dim=8", "model.bottom_mlp=[16, 8]",
+         "model.top_mlp=[16, 1]", "train.progress=false", "train.batch_size=48",
+         "train.steps=9", "tiering.interval=2", "tiering.admission=0", "tiering.decay=0.5",
+         "tiering.budget=0.1", "tiering.prescan=500"]
+
+
+def parameters(trainer: Trainer) -> np.ndarray:
+    return torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters()]).numpy()
+
+
+@pytest.mark.mpi(ranks=(3, 4))
+def test_tiered_training_equals_untiered(mpi_ranks, tmp_path):
+    """1 server and 2 or 3 workers, BSP, SGD, the hot set warm-started from a scan of the
+    data: the tiered run ends with the model of the untiered one (which equals the
+    single-process replicated run, see test_ps)."""
+    config = load_config(overrides=[*TRAIN, "ps.servers=1", "train.optimizer='sgd'",
+                                    "train.lr=0.3", f"train.run_dir={str(tmp_path)!r}"])
+    topo = build_topology(config)
+    layout = TableLayout.from_sizes(config.data.table_sizes, 8)
+    job = PSJob.create(topo.world, topo.roles, layout, config.ps, config.train.seed)
+    if not topo.is_worker:
+        job.serve(SparseOptimizer("sgd"), config.train.seed, [BSP] * 4)
+        return
+    trainer = Trainer(config, topo, layout=layout, job=job)
+    summary = trainer.fit()
+    everything = np.arange(layout.total_rows)
+    pulled = trainer.store.pull(everything)
+    trainer.tiered.flush()  # as trainer.close() does: now the servers hold every row
+    block = trainer.client.read(everything)
+    trainer.client.close()
+    stats = trainer.tiered.stats
+    assert stats.retiers >= 4 and stats.warm_start_rows > 0 and stats.hits > 0
+    if topo.rank == 0:
+        first = summary.tiering[0]
+        assert first["hit_rate"] > 0.3 and 0 < first["oracle_hit_rate"] <= 1
+        plain = dataclasses.replace(config, ps=config.ps.__class__(),
+                                    tiering=config.tiering.__class__())
+        reference = Trainer(plain, build_topology(plain, MPI.COMM_SELF))
+        reference.fit()
+        tables = reference.store.tables
+        np.testing.assert_allclose(parameters(trainer), parameters(reference), rtol=2e-4,
+                                   atol=2e-6)
+        np.testing.assert_allclose(pulled, tables.weight, rtol=2e-4, atol=2e-6)
+        np.testing.assert_allclose(block, tables.weight, rtol=2e-4, atol=2e-6)
+
+
+HPCTRAIN = [sys.executable, "-m", "hpctrain.cli"]
+
+
+def test_tiered_job_trains_and_bench_tiering_reports(tmp_path):
+    """The acceptance job (1 server + 3 workers) trains; the benchmark writes its rows."""
+    result = run_mpi([*HPCTRAIN, "train", "jobs/configs/tiered.toml", "--set",
+                      "train.progress=false", "--set", "data.train_samples=30000", "--set",
+                      "data.eval_samples=2000", "--set", f"train.run_dir={str(tmp_path)!r}"],
+                     ranks=4, timeout=150)
+    assert result.returncode == 0, result.stdout
+    assert "hot hit rate" in result.stdout and "retier" in result.stdout
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    first = summary["tiering"][0]
+    assert len(summary["tiering"]) == 3 and first["hits"] > 0.5 * first["lookups"]
+    assert first["resident_bytes"] <= first["budget_bytes"]
+
+    out = tmp_path / "bench.json"
+    bench = run_mpi([*HPCTRAIN, "bench", "tiering", "--rows", "20000", "--tables", "2",
+                     "--zipf", "1.05", "--budgets", "0.1", "--stream-steps", "40",
+                     "--train-steps", "12", "--json", str(out)], ranks=3, timeout=150)
+    assert bench.returncode == 0, bench.stdout
+    rows = json.loads(out.read_text())
+    assert len(rows) == 1
+    row = rows[0]
+    for key in ("zipf", "hot_fraction", "lfu_hit_rate", "lru_hit_rate", "oracle_hit_rate",
+                "bytes_ratio", "samples_per_s", "baseline_samples_per_s"):
+        assert key in row, key
+    assert 0 < row["lfu_hit_rate"] <= row["oracle_hit_rate"] <= 1
+    assert 0 < row["bytes_ratio"] < 1
