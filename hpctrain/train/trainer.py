@@ -437,9 +437,9 @@ class Trainer:
         self.dp.zero()
         t2 = time.perf_counter()
         moving = self.tiered.stats.retier_s if self.tiered else 0.0
-        rows, grads = self.embeddings.gradients(lookups, scale)
-        if not keep:  # this worker's share is dropped
-            rows, grads = self.tiered.withhold(rows, grads) if self.tiered else ([], [])
+        rows, grads = self.embeddings.gradients(lookups if keep or self.tiered else [], scale)
+        if not keep and self.tiered:  # this worker's share is dropped, but not its hot rows
+            rows, grads = self.tiered.withhold(rows, grads)
         self.store.push(rows, grads, lr)
         moved = (self.tiered.stats.retier_s - moving) if self.tiered else 0.0
         t3 = time.perf_counter()

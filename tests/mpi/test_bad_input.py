@@ -124,9 +124,12 @@ def test_nonfinite_steps_are_skipped_or_stopped_alike_in_every_mode(tmp_path):
 
     # Parameter servers, hybrid and full mode: 3 workers of 30 samples + 1 server; worker 1
     # reads sample 130 in step 1 and 310 in step 3.
-    for mode in ("hybrid", "full"):
-        config = load_config(overrides=[*SMALL, run_dir, "ps.servers=1", f"ps.mode={mode!r}",
-                                        "train.batch_size=90"])
+    # "tiered": hybrid with 300 rows hot, whose gradients a dropped share still joins (as zeros).
+    for mode in ("hybrid", "full", "tiered"):
+        config = load_config(overrides=[*SMALL, run_dir, "ps.servers=1", "train.batch_size=90",
+                                        f"ps.mode={'full' if mode == 'full' else 'hybrid'!r}",
+                                        f"tiering.budget={300 if mode == 'tiered' else 0}",
+                                        "tiering.budget_unit='rows'"])
         topo = build_topology(config)
         layout = TableLayout.from_sizes(SIZES, 8)
         served = layout if mode == "hybrid" else with_dense_table(
@@ -138,8 +141,9 @@ def test_nonfinite_steps_are_skipped_or_stopped_alike_in_every_mode(tmp_path):
             continue
         trainer = Trainer(config, topo, Poisoned(data, {130, 310}), layout, job, models)
         message = skip_then_stop(trainer, gate, full=mode == "full")
-        assert trainer.store.clock == 3  # a skipped step (or share) still ticks the clock
-        if mode == "hybrid":
+        assert trainer.client.clock == 3  # a skipped step (or share) still ticks the clock
+        assert (trainer.tiered is not None) == (mode == "tiered")
+        if mode != "full":
             assert message.startswith("[rank 1] step 3: non-finite dense features: train "
                                       "sample 310"), message
         else:  # only worker 1 dropped its share of step 1
