@@ -3,13 +3,14 @@ backing store (the parameter servers), behind one :class:`EmbeddingStore`.
 
 Every worker calls :meth:`TieredStore.push` once per step and :meth:`TieredStore.flush`
 once at the end, and may call :meth:`TieredStore.warm_start` before the first step; all are
-collective over ``comm`` (the workers). One step:
+collective over ``group`` (the workers). One step:
 
 1. Lookups: hot rows come from the local replica, the others from the cold store in one
    pull. Training lookups are counted (:meth:`~TieredStore.observe`).
 2. Push: the step's rows are split by tier. Hot gradients are summed over the workers
-   (``MPI_Allreduce`` of the whole hot block, or ``MPI_Allgatherv`` of the touched rows when
-   that moves fewer bytes; the same choice on every worker, as it depends only on the
+   (the toolkit's allreduce of the whole hot block, or ``MPI_Allgatherv`` of the touched
+   rows when the block would move many more bytes; the same choice on every worker, as
+   it depends only on the
    workers' counts of hot rows, which the trainer's dense allreduce carries, see
    :meth:`~TieredStore.expect`) and every worker applies the same update to its replica.
    The sum is started here and completed before the replica is next read (the next pull,
@@ -53,6 +54,7 @@ from embeddings.hottier import HotTier
 from embeddings.optim import SparseOptimizer, coalesce
 from embeddings.tables import TableLayout
 from embeddings.types import BackingStore, EmbeddingStore
+from hpctrain.comm import Group, allreduce
 from hpctrain.comm.native import allgatherv
 from hpctrain.config import TieringConfig
 from hpctrain.runtime.waits import wait_all
@@ -60,6 +62,11 @@ from hpctrain.runtime.waits import wait_all
 __all__ = ["TieredStore", "TieringStats"]
 
 _NO_ROWS = np.empty(0, dtype=np.int64)
+# Inside one node the toolkit's shared-memory allreduce moves a byte far more cheaply than
+# MPI's Allgatherv does (3 oversubscribed workers on 2 cores: a 3 MB hot block summed in
+# less time than 0.25 MB of touched rows gathered), so there the block may be this many
+# times the gathered bytes and still be the faster way.
+_SHM_ADVANTAGE = 32
 
 
 @dataclass
@@ -99,17 +106,18 @@ class TieringStats:
 
 
 class TieredStore(EmbeddingStore):
-    """Rows of ``layout``: the hot ones replicated on the workers of ``comm``, the others in
+    """Rows of ``layout``: the hot ones replicated on the workers of ``group``, the others in
     ``cold`` (this worker's handle on the shared backing store)."""
 
-    def __init__(self, layout: TableLayout, cold: BackingStore, comm: MPI.Intracomm,
+    def __init__(self, layout: TableLayout, cold: BackingStore, group: Group,
                  optimizer: SparseOptimizer, config: TieringConfig, capacity: int,
                  device: torch.device, staleness: int | None = 0) -> None:
         """Hold at most ``capacity`` hot rows (every row when it covers the tables)."""
         self.layout = layout
         self.dim = layout.dim
         self.cold = cold
-        self.comm = comm
+        self.group = group
+        self.comm = group.comm
         self.config = config
         self.staleness = staleness
         self.hot = HotTier(layout.dim, optimizer, device)
@@ -125,7 +133,7 @@ class TieredStore(EmbeddingStore):
         self._summing: tuple[MPI.Request, np.ndarray, np.ndarray, np.ndarray, float] | None = None
         self._expected: np.ndarray | None = None  # hot rows of each worker's coming push
         self._seen: list[tuple[np.ndarray, np.ndarray, int]] = []
-        self._oracle = np.zeros(layout.total_rows) if comm.Get_rank() == 0 else None
+        self._oracle = np.zeros(layout.total_rows) if group.rank == 0 else None
         # [lookups, hits] per table since the last merge, and up to it (what the oracle saw)
         self._recent = np.zeros((2, len(layout.specs)), dtype=np.int64)
         self._merged = np.zeros((2, len(layout.specs)), dtype=np.int64)
@@ -170,7 +178,7 @@ class TieredStore(EmbeddingStore):
     def warm_start(self, chunks: Iterable[tuple[np.ndarray, np.ndarray]]) -> None:
         """Count lookups seen outside training, ``(unique rows, counts)`` chunks of a scan of
         the data, and make the rows they rank hot (HugeCTR seeds its frequent embeddings
-        from the data likewise). Collective over ``comm``; before the first push."""
+        from the data likewise). Collective over ``group``; before the first push."""
         start = time.perf_counter()
         for rows, counts in chunks:
             self._seen.append((rows, counts, -1))
@@ -186,7 +194,7 @@ class TieredStore(EmbeddingStore):
         self.stats.warm_start_s = time.perf_counter() - start
 
     def push(self, rows: np.ndarray, grads: np.ndarray, lr: float) -> None:
-        """Collective over ``comm``: hot update, re-tiering when due, cold push (module doc)."""
+        """Collective over ``group``: hot update, re-tiering when due, cold push (module doc)."""
         self._finish_sum()
         rows, grads = coalesce(rows, grads)
         hot, slots = self.hot.locate(rows)
@@ -214,7 +222,7 @@ class TieredStore(EmbeddingStore):
 
     def flush(self) -> None:
         """Write every hot row back with its optimizer state and merge the last counts;
-        collective over ``comm``. Afterwards the cold store holds every row's current value
+        collective over ``group``. Afterwards the cold store holds every row's current value
         (hot rows stay hot and are still served locally)."""
         self._finish_sum()
         if self.base is not None and self.last_sync < self.step - 1:
@@ -293,11 +301,12 @@ class TieredStore(EmbeddingStore):
         """Complete the sum started by :meth:`_start_sum` and apply it to ``into`` (the
         replica by default); equal on every worker.
 
-        By the counts, either an ``Iallreduce`` of the hot block with a touched flag per row
-        or an ``Iallgatherv`` of (slot, gradient) pairs, whichever moves fewer bytes under a
-        ring model. Unlike :mod:`hpctrain.comm.native`'s blocking calls, these are completed
-        by :func:`~hpctrain.runtime.waits.wait_all`: they run every step, and a blocking
-        MPICH collective spins, taking the core its peers need where ranks outnumber cores."""
+        By the counts, either the toolkit's allreduce (:func:`hpctrain.comm.allreduce`, shared
+        memory inside a node) of the hot block with a touched flag per row, or an
+        ``Iallgatherv`` of (slot, gradient) pairs when the block would move many more bytes
+        (:data:`_SHM_ADVANTAGE`). The ``Iallgatherv`` is completed by
+        :func:`~hpctrain.runtime.waits.wait_all`, which yields the core: a blocking MPICH
+        collective spins, taking the core its peers need where ranks outnumber cores."""
         if self._summing is None:
             return
         request, counts, slots, grads, lr = self._summing
@@ -312,11 +321,11 @@ class TieredStore(EmbeddingStore):
         share = (workers - 1) / workers
         dense = 2 * share * len(into) * (self.dim + 1) * 4
         sparse = share * total * (self.dim + 2) * 4
-        if dense <= sparse:
+        if dense <= sparse * (_SHM_ADVANTAGE if self.group.layout.nodes == 1 else 1):
             block = np.zeros((len(into), self.dim + 1), dtype=np.float32)
             block[slots, : self.dim] = grads
             block[slots, self.dim] = 1.0
-            wait_all([self.comm.Iallreduce(MPI.IN_PLACE, block, op=MPI.SUM)])
+            allreduce(block, comm=self.group)
             self.stats.dense_syncs += 1
             self.stats.sync_bytes += int(dense)
             touched = np.flatnonzero(block[:, self.dim])
@@ -359,7 +368,7 @@ class TieredStore(EmbeddingStore):
 
     def _write_back(self, rows: np.ndarray) -> None:
         """This worker's share of ``rows`` (every ``W``-th) written to the cold store with
-        values and optimizer state, acknowledged; then an ``Ibarrier`` over ``comm``."""
+        values and optimizer state, acknowledged; then an ``Ibarrier`` over the workers."""
         mine = rows[self.comm.Get_rank():: self.comm.Get_size()]
         if len(mine):
             self.cold.write(mine, self.hot.export(self.hot.locate(mine)[1]))

@@ -325,7 +325,7 @@ class Trainer:
                  self.layout.total_rows, capacity * row / 2**20, tc.policy)
         bounds = [m.bound for m in models or [] if m.bound is not None]
         staleness = min(bounds) if bounds else (None if models else 0)  # None: all ASP
-        return TieredStore(self.layout, self.client, self.comm, sparse, tc, capacity,
+        return TieredStore(self.layout, self.client, self.group, sparse, tc, capacity,
                            self.topo.device, staleness=staleness)
 
     def _warm_start(self) -> int:
