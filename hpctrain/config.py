@@ -115,7 +115,7 @@ class ModelConfig:
 class TrainConfig:
     batch_size: int = option(512, "global mini-batch, split over the workers", min=1)
     steps: int = option(0, "optimizer steps; 0 runs one pass over the training split", min=0)
-    lr: float = option(0.1, "learning rate (dense and embedding)", min=0.0)
+    lr: float = option(0.05, "learning rate (dense and embedding)", min=0.0)
     optimizer: str = option("adagrad", "sgd, or adagrad (row-wise for embedding tables)",
                             choices=("sgd", "adagrad"))
     warmup_steps: int = option(30, "linear learning-rate warm-up steps", min=0)

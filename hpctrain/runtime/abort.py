@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -31,6 +32,7 @@ __all__ = ["USER_ERROR", "AgreedError", "agree", "run_guarded", "abort_job", "wo
            "world_size"]
 
 USER_ERROR = 2
+_FORWARD_S = 0.3  # before MPI_Abort: time for the launcher to relay the last line
 T = TypeVar("T")
 
 
@@ -47,6 +49,7 @@ def abort_job(message: str, code: int) -> None:
     sys.stdout.flush()
     print(message, file=sys.stderr, flush=True)
     if world_size() > 1:
+        time.sleep(_FORWARD_S)
         MPI.COMM_WORLD.Abort(code)
     os._exit(code)  # MPI_Abort may return before the launcher kills us: run nothing more
 
@@ -103,6 +106,7 @@ def _end_agreed(exc: AgreedError) -> None:
         print(f"hpctrain: error: {exc}", file=sys.stderr, flush=True)
     if exc.comm.Get_size() < world_size():
         exc.comm.Barrier()
+        time.sleep(_FORWARD_S)
         MPI.COMM_WORLD.Abort(USER_ERROR)
     sys.exit(USER_ERROR)
 
