@@ -29,6 +29,7 @@ from tqdm import tqdm
 from hpctrain.config import NUM_DENSE
 from hpctrain.data.types import SPLITS, Batch, Dataset
 from hpctrain.errors import DataError
+from hpctrain.runtime.durable import fsync_path
 
 __all__ = ["FORMAT", "VERSION", "write_hdf5", "HDF5Dataset"]
 
@@ -66,7 +67,7 @@ def write_hdf5(dataset: Dataset, out_path: str, *, chunk_rows: int = 65536,
                     rows[split] = _write_split(h5.create_group(split), dataset, split, sizes,
                                                chunk_rows, bar)
                 h5.attrs["skipped"] = int(dataset.skipped)
-            _fsync(tmp)
+            fsync_path(tmp)
             os.replace(tmp, out_path)
         except OSError as exc:
             raise DataError(f"{out_path}: cannot write ({exc.strerror or exc})") from exc
@@ -75,7 +76,7 @@ def write_hdf5(dataset: Dataset, out_path: str, *, chunk_rows: int = 65536,
             os.unlink(tmp)
         raise
     with contextlib.suppress(OSError):  # make the rename itself durable
-        _fsync(folder)
+        fsync_path(folder)
     return {"path": out_path, "train": rows["train"], "eval": rows["eval"],
             "skipped": int(dataset.skipped), "bytes": os.path.getsize(out_path)}
 
@@ -109,13 +110,6 @@ def _write_split(group: h5py.Group, dataset: Dataset, split: str, sizes: tuple[i
             data.resize(at, axis=0)
     return at
 
-
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class HDF5Dataset(Dataset):

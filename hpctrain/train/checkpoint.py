@@ -31,6 +31,7 @@ import h5py
 import numpy as np
 
 from hpctrain.errors import CheckpointError
+from hpctrain.runtime.durable import fsync_path
 
 __all__ = ["FORMAT", "VERSION", "Manifest", "FileEntry", "step_dir", "write_atomic",
            "write_rows", "read_rows", "write_manifest", "read_manifest", "latest", "prune",
@@ -81,10 +82,9 @@ def write_atomic(path: Path, fill: Callable[[h5py.File], None], rows: int = 0) -
     try:
         with h5py.File(tmp, "w") as f:
             fill(f)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
+        fsync_path(tmp)
         os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        fsync_path(path.parent)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise CheckpointError(f"cannot write checkpoint file {path}: {exc.strerror or exc}; "
@@ -223,10 +223,3 @@ def _sha256(path: Path) -> str:
             digest.update(block)
     return digest.hexdigest()
 
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
