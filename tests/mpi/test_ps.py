@@ -13,7 +13,7 @@ from hpctrain.config import load_config
 from hpctrain.errors import EmbeddingError
 from hpctrain.runtime.world import build_topology
 from hpctrain.sync.bsp import BSP
-from hpctrain.train.trainer import Trainer
+from hpctrain.train.trainer import Trainer, run_training
 from ps.service import PSJob
 
 SIZES = [40, 7, 300, 1000]
@@ -95,17 +95,16 @@ def test_hybrid_training_equals_replicated(mpi_ranks, tmp_path):
         "train.optimizer=sgd", "train.lr=0.5", "train.batch_size=25", "train.steps=6",
         f"train.run_dir={str(tmp_path)!r}"])
     topo = build_topology(config)
-    layout = TableLayout.from_sizes(config.data.table_sizes, 8)
-    job = PSJob.create(topo.world, topo.roles, layout, config.ps, config.train.seed)
-    if not topo.is_worker:
-        job.serve(SparseOptimizer("sgd"), config.train.seed, [BSP] * 4)
-        return
-    trainer = Trainer(config, topo, layout=layout, job=job)
-    trainer.fit()
-    tables = trainer.store.pull(np.arange(layout.total_rows))
-    trainer.close()
-    dense = torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters()]).numpy()
+    read: dict[str, np.ndarray] = {}
+
+    def read_back(trainer: Trainer) -> None:  # on the workers, while the servers serve
+        read["tables"] = trainer.store.pull(np.arange(trainer.layout.total_rows))
+        read["dense"] = torch.cat([p.detach().reshape(-1)
+                                   for p in trainer.model.parameters()]).numpy()
+
+    run_training(config, topo, on_trained=read_back)
     if topo.rank == 0:
+        tables, dense = read["tables"], read["dense"]
         plain = config.__class__(**{**config.__dict__, "ps": config.ps.__class__()})
         reference = Trainer(plain, build_topology(plain, MPI.COMM_SELF))
         reference.fit()

@@ -21,7 +21,7 @@ from hpctrain.comm import Group
 from hpctrain.config import TieringConfig, load_config
 from hpctrain.runtime.world import build_topology
 from hpctrain.sync.bsp import BSP
-from hpctrain.train.trainer import Trainer
+from hpctrain.train.trainer import Trainer, run_training
 from ps.service import PSJob
 
 SIZES = [40, 7, 300, 1000]
@@ -157,21 +157,20 @@ def test_tiered_training_equals_untiered(mpi_ranks, tmp_path):
     config = load_config(overrides=[*TRAIN, "ps.servers=1", "train.optimizer='sgd'",
                                     "train.lr=0.3", f"train.run_dir={str(tmp_path)!r}"])
     topo = build_topology(config)
-    layout = TableLayout.from_sizes(config.data.table_sizes, 8)
-    job = PSJob.create(topo.world, topo.roles, layout, config.ps, config.train.seed)
-    if not topo.is_worker:
-        job.serve(SparseOptimizer("sgd"), config.train.seed, [BSP] * 4)
-        return
-    trainer = Trainer(config, topo, layout=layout, job=job)
-    summary = trainer.fit()
-    everything = np.arange(layout.total_rows)
-    pulled = trainer.store.pull(everything)
-    trainer.tiered.flush()  # as trainer.close() does: now the servers hold every row
-    block = trainer.client.read(everything)
-    trainer.client.close()
-    stats = trainer.tiered.stats
-    assert stats.retiers >= 4 and stats.warm_start_rows > 0 and stats.hits > 0
+    read: dict[str, object] = {}
+
+    def read_back(trainer: Trainer) -> None:  # on the workers, while the servers serve
+        everything = np.arange(trainer.layout.total_rows)
+        read["pulled"] = trainer.store.pull(everything)
+        trainer.tiered.flush()  # as trainer.close() does: now the servers hold every row
+        read["block"] = trainer.client.read(everything)
+        read["trainer"] = trainer
+        stats = trainer.tiered.stats
+        assert stats.retiers >= 4 and stats.warm_start_rows > 0 and stats.hits > 0
+
+    summary = run_training(config, topo, on_trained=read_back)
     if topo.rank == 0:
+        trainer, pulled, block = read["trainer"], read["pulled"], read["block"]
         first = summary.tiering[0]
         assert first["hit_rate"] > 0.3 and 0 < first["oracle_hit_rate"] <= 1
         plain = dataclasses.replace(config, ps=config.ps.__class__(),
