@@ -131,6 +131,8 @@ class TieredStore(EmbeddingStore):
         self._period = (staleness + 1) if staleness is not None else config.interval
         self._lr = 0.0
         self._summing: tuple[MPI.Request, np.ndarray, np.ndarray, np.ndarray, float] | None = None
+        # the hot sums' buffer, reused so that its allreduce is checked and planned once
+        self._block = np.empty((0, self.dim + 1), dtype=np.float32)
         self._expected: np.ndarray | None = None  # hot rows of each worker's coming push
         self._seen: list[tuple[np.ndarray, np.ndarray, int]] = []
         self._oracle = np.zeros(layout.total_rows) if group.rank == 0 else None
@@ -322,7 +324,10 @@ class TieredStore(EmbeddingStore):
         dense = 2 * share * len(into) * (self.dim + 1) * 4
         sparse = share * total * (self.dim + 2) * 4
         if dense <= sparse * (_SHM_ADVANTAGE if self.group.layout.nodes == 1 else 1):
-            block = np.zeros((len(into), self.dim + 1), dtype=np.float32)
+            if len(self._block) != len(into):
+                self._block = np.empty((len(into), self.dim + 1), dtype=np.float32)
+            block = self._block
+            block.fill(0.0)
             block[slots, : self.dim] = grads
             block[slots, self.dim] = 1.0
             allreduce(block, comm=self.group)
