@@ -11,7 +11,7 @@ import numpy as np
 from mpi4py import MPI
 
 from embeddings.tables import LocalTables
-from embeddings.types import EmbeddingStore
+from embeddings.types import EmbeddingStore, RowSink, RowSource
 from hpctrain.comm.native import allgatherv
 
 __all__ = ["ReplicatedTables"]
@@ -31,3 +31,11 @@ class ReplicatedTables(EmbeddingStore):
     def push(self, rows: np.ndarray, grads: np.ndarray, lr: float) -> None:
         """Two ``Allgatherv`` over ``comm`` (rows, then gradients), then a local update."""
         self.tables.push(allgatherv(rows, self.comm), allgatherv(grads, self.comm), lr)
+
+    def save(self, out: RowSink) -> None:
+        """Worker 0 writes every row (the replicas are identical)."""
+        if out.lead:
+            self.tables.save(out)
+
+    def restore(self, source: RowSource) -> None:
+        self.tables.restore(source)

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from embeddings.optim import SparseOptimizer, coalesce
-from embeddings.types import BackingStore, TableSpec
+from embeddings.types import BackingStore, RowSink, RowSource, TableSpec
 from hpctrain.errors import EmbeddingError
 from hpctrain.runtime import rng
 
@@ -102,6 +102,20 @@ class LocalTables(BackingStore):
         """Values then optimizer state at slots ``rows``."""
         return np.concatenate([np.take(self.weight, rows, axis=0),
                                np.take(self.state, rows, axis=0)], axis=1)
+
+    def save(self, out: RowSink) -> None:
+        """Every slot as the row of the same number (the replica layout), as part
+        ``tables.h5``."""
+        out.write("tables.h5", np.arange(len(self.weight), dtype=np.int64), self.weight,
+                  self.state)
+
+    def restore(self, source: RowSource) -> None:
+        """The saved rows into the slots of the same number (the replica layout)."""
+        if len(self.weight) != self.layout.total_rows:
+            raise ValueError("LocalTables.restore needs every row of the layout in order")
+        for rows, weight, state in source.rows(self.dim, self.state_width):
+            self.weight[rows] = weight
+            self.state[rows] = state
 
     def write(self, rows: np.ndarray, block: np.ndarray) -> None:
         """Store values then optimizer state ``block`` at slots ``rows``."""

@@ -53,7 +53,7 @@ from embeddings.hotcold import HotSetPlanner, Retier, hot_row_bytes, merge_seen,
 from embeddings.hottier import HotTier
 from embeddings.optim import SparseOptimizer, coalesce
 from embeddings.tables import TableLayout
-from embeddings.types import BackingStore, EmbeddingStore
+from embeddings.types import BackingStore, EmbeddingStore, RowSink, RowSource
 from hpctrain.comm import Group, allreduce
 from hpctrain.comm.native import allgatherv
 from hpctrain.config import TieringConfig
@@ -95,6 +95,7 @@ class TieringStats:
     warm_start_rows: int = 0  # made hot by a scan of the data before training
     warm_start_count_bytes: int = 0  # received merging the scan's counts
     warm_start_s: float = 0.0
+    warm_start_bytes: int = 0  # client traffic of the warm start (not in its counters)
     oracle_hit_rate: float = float("nan")  # best static hot set of `capacity` (worker 0)
 
     @property
@@ -232,6 +233,24 @@ class TieredStore(EmbeddingStore):
                              None)
         self._merge_counts()
         self._write_back(self.hot.rows)
+
+    def save(self, out: RowSink) -> None:
+        """The hot rows' current values go back to the cold store, which saves them."""
+        self.flush()
+        self.cold.save(out)
+
+    def restore(self, source: RowSource) -> None:
+        """The cold store takes up the checkpoint; the hot tier counts its own steps anew."""
+        self.cold.restore(source)
+
+    def close(self) -> None:
+        """Write the hot rows back, so the cold store holds the whole model, and close it."""
+        self.flush()
+        self.cold.close()
+
+    @property
+    def retier_s(self) -> float:
+        return self.stats.retier_s
 
     def report(self) -> TieringStats:
         """The counters so far. Hit rates cover the lookups merged so far (up to the last

@@ -7,16 +7,23 @@ and pushes their gradients; the store applies the optimizer where the rows are.
 A :class:`BackingStore` also hands rows out and takes them back together with their
 optimizer state, so that a row can change owner without losing an update: the cold tier
 under :class:`~embeddings.tiered.TieredStore`.
+
+Each store writes and reads its own part of a checkpoint (:meth:`EmbeddingStore.save`,
+:meth:`EmbeddingStore.restore`) through a :class:`RowSink` and a :class:`RowSource`, which
+the trainer hands it and which know the file format, so that nothing above a store asks
+what kind of store it holds.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
-__all__ = ["TableSpec", "EmbeddingStore", "BackingStore"]
+__all__ = ["TableSpec", "EmbeddingStore", "BackingStore", "RowSink", "RowSource"]
 
 
 @dataclass(frozen=True)
@@ -26,6 +33,29 @@ class TableSpec:
     name: str
     rows: int
     dim: int
+
+
+class RowSink(Protocol):
+    """Where a store writes its rows in a checkpoint."""
+
+    lead: bool
+    """Whether this worker writes state that every worker holds alike (worker 0)."""
+
+    def write(self, name: str, rows: np.ndarray, weight: np.ndarray,
+              state: np.ndarray) -> None:
+        """Write global ``rows`` with their values and optimizer state as part ``name``."""
+
+
+class RowSource(Protocol):
+    """The checkpoint a store restores from."""
+
+    step: int
+    """Steps completed when the checkpoint was taken."""
+
+    def rows(self, dim: int, state_width: int) -> Iterator[tuple[np.ndarray, np.ndarray,
+                                                                 np.ndarray]]:
+        """(global rows, values, optimizer state) of every saved row, in parts; raises when
+        their widths are not ``dim`` and ``state_width``."""
 
 
 class EmbeddingStore(ABC):
@@ -56,6 +86,33 @@ class EmbeddingStore(ABC):
 
         Stores that place rows by how often they are used count them; others need nothing.
         """
+
+    holds_rows = True
+    """False for a store that serves no row (a pipeline stage after the first)."""
+    retier_s: float = 0.0
+    """Seconds spent so far moving rows between tiers inside :meth:`push` (0 without tiers)."""
+
+    def withhold(self, rows: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """What to push instead of ``rows``' gradients when this worker's share of a step
+        is dropped (non-finite values): nothing, unless the store's other workers already
+        count on some of the rows."""
+        return rows[:0], grads[:0]
+
+    @abstractmethod
+    def save(self, out: RowSink) -> None:
+        """Write this store's part of a checkpoint (collective over the store's workers,
+        which all call it after the same push)."""
+
+    @abstractmethod
+    def restore(self, source: RowSource) -> None:
+        """Take up the rows and clocks of ``source`` (every worker, before training)."""
+
+    def flush(self) -> None:  # noqa: B027 - optional hook
+        """Make the rows' current values readable where a checkpoint reads them (stores
+        that cache rows write them back; collective over the store's workers)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """End of training: write back what is cached and release what the store holds."""
 
 
 class BackingStore(EmbeddingStore):

@@ -174,8 +174,8 @@ def _bench_allreduce_args(p: argparse.ArgumentParser) -> None:
 
 
 def _train(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -> int:
+    from hpctrain.train.job import run_training
     from hpctrain.train.report import print_summary
-    from hpctrain.train.trainer import run_training
 
     summary = run_training(config, topo, resume=bool(args.resume))
     if topo.rank == 0:

@@ -28,7 +28,7 @@ from mpi4py import MPI
 from embeddings.optim import coalesce
 from embeddings.sharding import Placement
 from embeddings.tables import TableLayout
-from embeddings.types import BackingStore
+from embeddings.types import BackingStore, RowSink, RowSource
 from hpctrain.errors import EmbeddingError
 from hpctrain.runtime.waits import Wait, wait_all
 from ps.types import TAG_REQUEST, Op, decode_reply, encode_request, reply_capacity, reply_tag
@@ -145,13 +145,18 @@ class PSClient(BackingStore):
         sync model)."""
         return self._complete(self._send_pull(rows, self.clock, 0, Op.READ))
 
-    def save(self) -> None:
+    def save(self, out: RowSink) -> None:
         """Ask every server to checkpoint its shard at this worker's clock (after its pushes:
-        MPI keeps one sender's messages in order)."""
+        MPI keeps one sender's messages in order); the servers write their own files, so
+        ``out`` receives nothing."""
         self._reap()
         for index in range(len(self.servers)):
             self._send(index, encode_request(Op.SAVE, self.clock, self._next_seq(), 0, _NO_IDS,
                                              _NO_IDS, _NO_IDS))
+
+    def restore(self, source: RowSource) -> None:
+        """The servers restore their shards themselves; the client takes up the clock."""
+        self.clock = source.step
 
     # -- lifecycle ---------------------------------------------------------------------------
 

@@ -39,7 +39,7 @@ from hpctrain.config import JobConfig, load_config
 from hpctrain.data.synthetic import SyntheticClicks
 from hpctrain.runtime.waits import wait_all
 from hpctrain.runtime.world import Topology
-from hpctrain.train.trainer import run_training
+from hpctrain.train.job import run_training
 
 __all__ = ["add_arguments", "run", "COLUMNS"]
 
@@ -197,17 +197,17 @@ def _train(args: argparse.Namespace, config: JobConfig, topo: Topology, zipf: fl
     if topo.rank != 0:
         return {}
     clients, steps = summary.ps_clients, max(summary.steps, 1)
-    wire = sum(c["pull_bytes_sent"] + c["pull_bytes_received"] + c["push_bytes_sent"]
-               + c["move_bytes_sent"] + c["move_bytes_received"] for c in clients)
-    moves = sum(c["move_bytes_sent"] + c["move_bytes_received"] for c in clients)
+    wire = sum(c.pull_bytes_sent + c.pull_bytes_received + c.push_bytes_sent
+               + c.move_bytes_sent + c.move_bytes_received for c in clients)
+    moves = sum(c.move_bytes_sent + c.move_bytes_received for c in clients)
     tiers = summary.tiering
-    lookups = sum(t["lookups"] for t in tiers)
+    lookups = sum(t.lookups for t in tiers)
     return {"bytes_per_step": wire / steps, "move_bytes_per_step": moves / steps,
-            "peer_bytes_per_step": sum(t["sync_bytes"] + t["count_bytes"] for t in tiers)
+            "peer_bytes_per_step": sum(t.sync_bytes + t.count_bytes for t in tiers)
             / steps,
             "samples_per_s": summary.samples_per_s,
-            "hit_rate": sum(t["hits"] for t in tiers) / lookups if lookups else 0.0,
-            "oracle_hit_rate": tiers[0]["oracle_hit_rate"] if tiers else 0.0,
+            "hit_rate": sum(t.hits for t in tiers) / lookups if lookups else 0.0,
+            "oracle_hit_rate": tiers[0].oracle_hit_rate if tiers else 0.0,
             "retier_share": summary.phase_s["retier"] / max(summary.wall_s, 1e-9),
-            "warm_start_bytes": sum(t["warm_start_bytes"] for t in tiers),
-            "warm_start_s": max((t["warm_start_s"] for t in tiers), default=0.0)}
+            "warm_start_bytes": sum(t.warm_start_bytes for t in tiers),
+            "warm_start_s": max((t.warm_start_s for t in tiers), default=0.0)}

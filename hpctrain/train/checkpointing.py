@@ -32,6 +32,7 @@ from hpctrain.config import CheckpointConfig, JobConfig, dump_toml
 from hpctrain.errors import CheckpointError
 from hpctrain.runtime.waits import Wait, wait_all
 from hpctrain.train import checkpoint as ckpt
+from hpctrain.train.checkpoint_rows import SavedRows
 
 __all__ = ["Cadence", "shape_of", "check_compatible", "commit", "write_dense", "read_dense",
            "restore_rows", "server_hooks"]
@@ -150,20 +151,13 @@ def restore_rows(manifest: ckpt.Manifest, tables: LocalTables,
                  select: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]) -> int:
     """Copy the checkpoint's rows that ``select`` keeps into ``tables``; ``select(rows)``
     gives (mask of rows held here, their slots). Returns the rows restored."""
-    folder, restored = Path(manifest.path), 0
-    for rows, weight, state in ckpt.read_rows(folder, manifest.row_files()):
-        if state.shape[1] != tables.state.shape[1] or weight.shape[1] != tables.dim:
-            raise CheckpointError(f"checkpoint {folder}: rows of width {weight.shape[1]} with "
-                                  f"{state.shape[1]} optimizer values do not fit this job")
+    restored = 0
+    for rows, weight, state in SavedRows(manifest).rows(tables.dim, tables.state.shape[1]):
         mask, slots = select(rows)
         tables.weight[slots] = weight[mask]
         tables.state[slots] = state[mask]
         restored += len(slots)
     return restored
-
-
-def replicated_select(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    return np.ones(len(rows), dtype=bool), rows
 
 
 def shard_select(layout: TableLayout, placement: Placement,

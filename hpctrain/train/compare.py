@@ -22,7 +22,7 @@ from hpctrain.config import JobConfig
 from hpctrain.errors import ConfigError
 from hpctrain.runtime.world import Topology
 from hpctrain.sync.models import parse_models
-from hpctrain.train.trainer import run_training
+from hpctrain.train.job import run_training
 
 __all__ = ["straggler_overrides", "compare_sync"]
 
@@ -98,7 +98,7 @@ def _tabulate(runs, out_dir: Path, target_loss: float | None) -> dict[str, Any]:
             "staleness_p99": max((t["p99"] for t in tables.values()), default=0.0),
             "staleness_max": max((t["max"] for t in tables.values()), default=0.0),
             "staleness_per_table": tables,
-            "step_times": summary.step_times,
+            "step_times": summary.as_dict()["step_times"],
             "curve": [{k: r[k] for k in ("step", "samples", "time_s", "train_loss")}
                       for r in curves[name]],
             "eval_curve": [r for r in _records(summary.run_dir) if "eval_log_loss" in r],

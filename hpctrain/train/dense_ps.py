@@ -6,6 +6,11 @@ every step a worker pulls all dense rows, computes, and pushes their gradients w
 embedding gradients in the same push (one push per step is one clock tick). The servers
 update them with the job's sparse optimizer (row-wise Adagrad works on blocks of ``dim``
 values here). Workers never allreduce: they meet only through the servers.
+
+:class:`ServerDense` is the dense engine of this mode. Each worker divides its gradients by
+the global batch's exact sample count, which every worker knows without a message (the
+global batch is always whole: :func:`~hpctrain.data.sharding.local_slice`), and judges its
+own contribution alone (:mod:`hpctrain.train.nonfinite`).
 """
 
 from __future__ import annotations
@@ -18,10 +23,14 @@ from mpi4py import MPI
 
 from embeddings.tables import TableLayout
 from embeddings.types import TableSpec
+from hpctrain.models.dlrm import DLRM
 from hpctrain.runtime.waits import wait_all
+from hpctrain.train.dense_dp import LocalDense
+from hpctrain.train.engine import Reduced, StepWork
+from hpctrain.train.nonfinite import NonFiniteGuard
 from ps.client import PSClient
 
-__all__ = ["DenseOnServers", "with_dense_table"]
+__all__ = ["DenseOnServers", "ServerDense", "with_dense_table"]
 
 DENSE_TABLE = "dense"
 
@@ -69,3 +78,41 @@ class DenseOnServers:
         rows = np.zeros((len(self.rows), self.dim), dtype=np.float32)
         rows.reshape(-1)[: len(flat)] = flat
         return rows
+
+
+class ServerDense(LocalDense):
+    """The dense model pulled from the servers before every step, its gradients pushed with
+    the embedding rows. ``samples`` is the global sample count of one step."""
+
+    reduce_phase = update_phase = "push"  # the reduction is the servers' work
+
+    def __init__(self, model: DLRM, guard: NonFiniteGuard, accumulate: int,
+                 comm: MPI.Intracomm, dense: DenseOnServers, samples: int,
+                 device: torch.device) -> None:
+        super().__init__(model, guard, accumulate, comm.Get_rank(), comm.Get_size(), device)
+        self.dense, self.samples = dense, samples
+        self._pending: tuple[np.ndarray, np.ndarray] | None = None
+
+    def begin(self) -> None:
+        self.dense.pull()
+
+    def reduce(self, work: StepWork) -> Reduced:
+        """Nothing to sum: this worker's own verdict, the known global count."""
+        self.guard.gradients(self.module.named_parameters())
+        return Reduced(self.samples, work.loss_sum / max(work.count, 1), self.guard.flag)
+
+    def update(self, lr: float, skip: bool, scale: float) -> None:
+        """The servers apply the step: keep the scaled gradient rows for the push (none
+        when this worker's share is dropped)."""
+        self._pending = None if skip else self.dense.gradients(scale)
+        self.module.zero_grad()
+
+    def outgoing(self, rows: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if self._pending is None:
+            return rows, grads
+        (dense_rows, dense_grads), self._pending = self._pending, None
+        return np.concatenate([rows, dense_rows]), np.concatenate([grads, dense_grads])
+
+    def state(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The parameters as last pulled; the optimizer state lives on the servers."""
+        return self.dense.params, []

@@ -39,6 +39,7 @@ from embeddings.tables import TableLayout
 from hpctrain.data.types import Batch
 from hpctrain.errors import NonFiniteError
 from hpctrain.runtime.abort import agree
+from hpctrain.train.stats import StepStats
 
 __all__ = ["NonFiniteGuard", "finite_samples"]
 
@@ -63,6 +64,10 @@ class NonFiniteGuard:
     def flag(self) -> float:
         """1.0 when this worker found a non-finite value in the current step."""
         return float(self.finding is not None)
+
+    def register(self, stats: StepStats) -> None:
+        """Let this worker's flag ride in the step's reduction as ``nonfinite``."""
+        stats.add("nonfinite", lambda _step: [self.flag])
 
     def features(self, dense: np.ndarray, first: int) -> None:
         """Check dense features ``[n, 13]`` of train samples ``first``, ``first + 1``, ..."""

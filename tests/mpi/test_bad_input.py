@@ -12,19 +12,14 @@ import torch
 from harness import run_mpi
 from mpi4py import MPI
 
-from embeddings.optim import SparseOptimizer
-from embeddings.tables import TableLayout
 from hpctrain.config import DataConfig, load_config
 from hpctrain.data import open_dataset
 from hpctrain.data.preprocess import preprocess
 from hpctrain.data.types import Batch, Dataset
-from hpctrain.models.dlrm import DLRM
 from hpctrain.runtime.abort import AgreedError
-from hpctrain.runtime.world import build_topology
-from hpctrain.sync.bsp import BSP
-from hpctrain.train.dense_ps import with_dense_table
+from hpctrain.runtime.world import Topology, build_topology
+from hpctrain.train.job import TrainingJob
 from hpctrain.train.trainer import Trainer
-from ps.service import PSJob
 
 ROOT = Path(__file__).resolve().parents[2]
 HPCTRAIN = [sys.executable, "-m", "hpctrain.cli"]
@@ -57,16 +52,8 @@ class Poisoned(Dataset):
 def state(trainer: Trainer) -> list[np.ndarray]:
     """Everything a step may change on this worker: dense parameters and optimizer state,
     and the embedding rows (with their optimizer state where the worker holds them)."""
-    owner = trainer.hybrid or trainer
-    module = trainer.hybrid.module if trainer.hybrid else trainer.model
-    out = [p.detach().numpy().copy() for p in module.parameters()]
-    out += [s.numpy().copy() for s in owner.optimizer.state]
-    store = owner.embeddings.store if owner.embeddings else None
-    if hasattr(store, "tables"):
-        out += [store.tables.weight.copy(), store.tables.state.copy()]
-    elif store is not None:
-        out.append(store.pull(np.arange(trainer.layout.total_rows)))
-    return out
+    rows = trainer.table_rows()
+    return trainer.dense_state() + ([] if rows is None else [rows])
 
 
 def same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
@@ -114,13 +101,17 @@ def test_nonfinite_steps_are_skipped_or_stopped_alike_in_every_mode(tmp_path):
     # in steps 1 and 3.
     config = load_config(overrides=[*SMALL, run_dir, "train.batch_size=100"])
     data = open_dataset(config.data)
-    trainer = Trainer(config, build_topology(config), Poisoned(data, {160, 360}))
-    message = skip_then_stop(trainer, gate)
-    assert message.startswith("[rank 2] step 3: non-finite dense features: train sample 360, "
-                              "I4 = nan; set train.on_nonfinite"), message
-    mine = state(trainer)
-    assert all(same(mine, other) for other in world.allgather(mine))  # replicas agree
-    assert evaluated(trainer) == 299  # eval sample 160 is left out
+
+    def replicated(trainer: Trainer) -> None:
+        message = skip_then_stop(trainer, gate)
+        assert message.startswith("[rank 2] step 3: non-finite dense features: train sample "
+                                  "360, I4 = nan; set train.on_nonfinite"), message
+        mine = state(trainer)
+        assert all(same(mine, other) for other in world.allgather(mine))  # replicas agree
+        assert evaluated(trainer) == 299  # eval sample 160 is left out
+
+    TrainingJob(config, build_topology(config), dataset=Poisoned(data, {160, 360})).run(
+        replicated)
 
     # Parameter servers, hybrid and full mode: 3 workers of 30 samples + 1 server; worker 1
     # reads sample 130 in step 1 and 310 in step 3.
@@ -131,37 +122,34 @@ def test_nonfinite_steps_are_skipped_or_stopped_alike_in_every_mode(tmp_path):
                                         f"tiering.budget={300 if mode == 'tiered' else 0}",
                                         "tiering.budget_unit='rows'"])
         topo = build_topology(config)
-        layout = TableLayout.from_sizes(SIZES, 8)
-        served = layout if mode == "hybrid" else with_dense_table(
-            layout, sum(p.numel() for p in DLRM(config.model, len(SIZES)).parameters()))
-        models = [BSP] * len(served.specs)
-        job = PSJob.create(topo.world, topo.roles, served, config.ps, config.train.seed)
-        if not topo.is_worker:
-            job.serve(SparseOptimizer(config.train.optimizer), config.train.seed, models)
-            continue
-        trainer = Trainer(config, topo, Poisoned(data, {130, 310}), layout, job, models)
-        message = skip_then_stop(trainer, gate, full=mode == "full")
-        assert trainer.client.clock == 3  # a skipped step (or share) still ticks the clock
-        assert (trainer.tiered is not None) == (mode == "tiered")
-        if mode != "full":
-            assert message.startswith("[rank 1] step 3: non-finite dense features: train "
-                                      "sample 310"), message
-        else:  # only worker 1 dropped its share of step 1
-            assert trainer.guard.skipped == (topo.worker_rank == 1)
-        trainer.close()
+
+        def with_servers(trainer: Trainer, mode: str = mode, topo: Topology = topo) -> None:
+            message = skip_then_stop(trainer, gate, full=mode == "full")
+            assert trainer.server_clock() == 3  # a skipped step (or share) still ticks it
+            assert (trainer.counters().tiering is not None) == (mode == "tiered")
+            if mode != "full":
+                assert message.startswith("[rank 1] step 3: non-finite dense features: train "
+                                          "sample 310"), message
+            else:  # only worker 1 dropped its share of step 1
+                assert trainer.guard.skipped == (topo.worker_rank == 1)
+
+        TrainingJob(config, topo, dataset=Poisoned(data, {130, 310})).run(with_servers)
 
     # tp = 2 x pp = 2: only world rank 3 (stage 1, tensor shard 1) sees a NaN gradient.
     config = load_config(overrides=[*SMALL, run_dir, "train.batch_size=64", "parallel.tp=2",
                                     "parallel.pp=2", "parallel.backend='mpi'",
                                     "parallel.micro_batches=2"])
-    trainer = Trainer(config, build_topology(config), Poisoned(data, {290}))  # eval only
-    if world.Get_rank() == 3:
-        weight = next(trainer.hybrid.module.parameters())
-        weight.register_hook(lambda g: torch.full_like(g, math.nan) if gate[0] else None)
-    message = skip_then_stop(trainer, gate)
-    assert message.startswith("[rank 3] step 3: non-finite gradient of ") and \
-        "(stage 1, tensor shard 1)" in message, message
-    assert evaluated(trainer) == 299
+
+    def grid(trainer: Trainer) -> None:
+        if world.Get_rank() == 3:
+            weight = next(trainer.parameters())
+            weight.register_hook(lambda g: torch.full_like(g, math.nan) if gate[0] else None)
+        message = skip_then_stop(trainer, gate)
+        assert message.startswith("[rank 3] step 3: non-finite gradient of ") and \
+            "(stage 1, tensor shard 1)" in message, message
+        assert evaluated(trainer) == 299
+
+    TrainingJob(config, build_topology(config), dataset=Poisoned(data, {290})).run(grid)
 
 
 SAMPLE = ROOT / "tests" / "data" / "criteo_kaggle_sample.txt"

@@ -12,7 +12,7 @@ from embeddings.tables import TableLayout
 from hpctrain.config import load_config
 from hpctrain.runtime.world import build_topology
 from hpctrain.sync.models import parse_model
-from hpctrain.train.trainer import run_training
+from hpctrain.train.job import run_training
 from ps.service import PSJob
 
 SIZES = [50, 50]
@@ -98,7 +98,7 @@ def test_ssp0_is_bitwise_bsp_in_deterministic_full_mode(tmp_path):
             "train.progress=false", f"train.run_dir={str(tmp_path / str(run))!r}"])
         rows = []
         run_training(config, build_topology(config), on_trained=lambda t: rows.append(
-            t.store.pull(np.arange(t.store.layout.total_rows))))
+            t.table_rows()))
         return rows
 
     bsp, ssp0, again = final_rows("bsp", 0), final_rows("ssp:0", 1), final_rows("bsp", 2)

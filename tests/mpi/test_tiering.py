@@ -21,7 +21,8 @@ from hpctrain.comm import Group
 from hpctrain.config import TieringConfig, load_config
 from hpctrain.runtime.world import build_topology
 from hpctrain.sync.bsp import BSP
-from hpctrain.train.trainer import Trainer, run_training
+from hpctrain.train.job import run_training
+from hpctrain.train.trainer import Trainer
 from ps.service import PSJob
 
 SIZES = [40, 7, 300, 1000]
@@ -146,7 +147,7 @@ TRAIN = ["data.table_sizes=[50, 200, 1000, 7]", "data.train_samples=3000",
 
 
 def parameters(trainer: Trainer) -> np.ndarray:
-    return torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters()]).numpy()
+    return trainer.dense_parameters()
 
 
 @pytest.mark.mpi(ranks=(3, 4))
@@ -160,28 +161,26 @@ def test_tiered_training_equals_untiered(mpi_ranks, tmp_path):
     read: dict[str, object] = {}
 
     def read_back(trainer: Trainer) -> None:  # on the workers, while the servers serve
-        everything = np.arange(trainer.layout.total_rows)
-        read["pulled"] = trainer.store.pull(everything)
-        trainer.tiered.flush()  # as trainer.close() does: now the servers hold every row
-        read["block"] = trainer.client.read(everything)
+        read["pulled"] = trainer.table_rows()
+        read["block"] = trainer.server_rows()  # hot rows written back, as close() does
         read["trainer"] = trainer
-        stats = trainer.tiered.stats
+        stats = trainer.counters().tiering
         assert stats.retiers >= 4 and stats.warm_start_rows > 0 and stats.hits > 0
 
     summary = run_training(config, topo, on_trained=read_back)
     if topo.rank == 0:
         trainer, pulled, block = read["trainer"], read["pulled"], read["block"]
         first = summary.tiering[0]
-        assert first["hit_rate"] > 0.3 and 0 < first["oracle_hit_rate"] <= 1
+        assert first.hit_rate > 0.3 and 0 < first.oracle_hit_rate <= 1
         plain = dataclasses.replace(config, ps=config.ps.__class__(),
                                     tiering=config.tiering.__class__())
         reference = Trainer(plain, build_topology(plain, MPI.COMM_SELF))
         reference.fit()
-        tables = reference.store.tables
+        tables = reference.table_rows()
         np.testing.assert_allclose(parameters(trainer), parameters(reference), rtol=2e-4,
                                    atol=2e-6)
-        np.testing.assert_allclose(pulled, tables.weight, rtol=2e-4, atol=2e-6)
-        np.testing.assert_allclose(block, tables.weight, rtol=2e-4, atol=2e-6)
+        np.testing.assert_allclose(pulled, tables, rtol=2e-4, atol=2e-6)
+        np.testing.assert_allclose(block, tables, rtol=2e-4, atol=2e-6)
 
 
 HPCTRAIN = [sys.executable, "-m", "hpctrain.cli"]

@@ -13,8 +13,7 @@ from hpctrain.data.types import Batch
 from hpctrain.errors import NonFiniteError
 from hpctrain.runtime.abort import _ranks
 from hpctrain.train.nonfinite import NonFiniteGuard, finite_samples
-from hpctrain.train.report import format_summary
-from hpctrain.train.trainer import Summary
+from hpctrain.train.report import Summary, format_summary
 
 LAYOUT = TableLayout.from_sizes([10, 20], dim=2)
 

@@ -20,7 +20,7 @@ from hpctrain.parallel.schedules import (
     timeline,
 )
 from hpctrain.parallel.stages import balanced_cuts, layers_of, split_sequential
-from hpctrain.train.model_parallel import top_cuts
+from hpctrain.train.dense_grid import top_cuts
 
 
 def names(order):

@@ -1,0 +1,194 @@
+"""Build a worker's parts from the config: its dense engine and its embedding store.
+
+The one place that asks which mode a job runs in. A worker gets
+
+- a dense engine (:mod:`hpctrain.train.engine`): :class:`~hpctrain.train.dense_grid.GridDense`
+  when ``parallel.tp * parallel.pp > 1``, :class:`~hpctrain.train.dense_ps.ServerDense` when
+  ``ps.mode = "full"``, else :class:`~hpctrain.train.dense_dp.ReplicatedDense`;
+- an embedding store: replicas on every worker (on pipeline stage 0 with tp/pp), the
+  parameter servers' client, or the tiered store over that client when ``tiering.budget``
+  holds a row;
+- the step statistics those parts register (:mod:`hpctrain.train.stats`), the non-finite
+  guard, and the state restored from ``manifest`` when resuming.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from embeddings.collection import EmbeddingCollection
+from embeddings.hotcold import hot_capacity, hot_row_bytes
+from embeddings.optim import SparseOptimizer
+from embeddings.replicated import ReplicatedTables
+from embeddings.tables import LocalTables, TableLayout
+from embeddings.tiered import TieredStore, TieringStats
+from embeddings.types import EmbeddingStore
+from hpctrain.comm import Group
+from hpctrain.config import JobConfig
+from hpctrain.data import Dataset
+from hpctrain.models.dlrm import DLRM
+from hpctrain.parallel.groups import parallel_groups
+from hpctrain.runtime.topology import shard_range
+from hpctrain.runtime.world import Topology
+from hpctrain.sync.types import SyncModel
+from hpctrain.train import checkpoint as ckpt
+from hpctrain.train import checkpointing
+from hpctrain.train.checkpoint_rows import SavedRows
+from hpctrain.train.dense_dp import ReplicatedDense
+from hpctrain.train.dense_grid import GridDense, NoTables, wants_model_parallel
+from hpctrain.train.dense_ps import DenseOnServers, ServerDense
+from hpctrain.train.engine import DenseEngine, StepWork
+from hpctrain.train.nonfinite import NonFiniteGuard
+from hpctrain.train.stats import StepStats
+from ps.client import ClientStats, PSClient
+from ps.service import PSJob
+
+__all__ = ["Counters", "WorkerParts", "build_worker"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Counters:
+    """A worker's parameter-server client and tiering counters (None where absent)."""
+
+    client: ClientStats | None
+    tiering: TieringStats | None
+
+
+@dataclass
+class WorkerParts:
+    """What one worker trains with."""
+
+    engine: DenseEngine
+    store: EmbeddingStore
+    tables: EmbeddingCollection
+    guard: NonFiniteGuard
+    served: TableLayout
+    """The tables a checkpoint's shape names (with the dense table in full PS mode)."""
+    plan_json: str
+    """The servers' sharding plan ("" without servers)."""
+    counters: Callable[[], Counters]
+    """This worker's client and tiering counters for the summary (None where absent)."""
+    servers: PSClient | None
+    """The parameter servers' client, when the rows live there."""
+
+
+def build_worker(config: JobConfig, topo: Topology, dataset: Dataset, layout: TableLayout,
+                 job: PSJob | None, models: list[SyncModel] | None,
+                 manifest: ckpt.Manifest | None) -> WorkerParts:
+    """A worker's parts; collective over the workers (and the servers through ``job``)."""
+    comm, tc = topo.role_comm, config.train
+    full = job is not None and config.ps.mode == "full"
+    guard = NonFiniteGuard(tc.on_nonfinite, None if full else comm)
+    if wants_model_parallel(config.parallel):
+        return _grid_worker(config, topo, layout, guard)
+    stats: StepStats[StepWork] = StepStats()
+    stats.add("samples", lambda work: [work.count])
+    stats.add("loss", lambda work: [work.loss_sum])
+    guard.register(stats)
+    torch.manual_seed(tc.seed)
+    model = DLRM(config.model, len(layout.specs)).to(topo.device)
+    group = Group(comm, config.comm)
+    sparse = SparseOptimizer(tc.optimizer)
+    client, store, tiered = None, None, None
+    if job is None:
+        store = ReplicatedTables(LocalTables(layout, sparse, tc.seed), comm)
+    else:
+        client = job.client(models, sparse.state_width(layout.dim))
+        tiered = _tiered(config, topo, layout, client, group, sparse, models, stats)
+        store = tiered or client
+    if full:
+        dense = DenseOnServers([p for p in model.parameters() if p.requires_grad], client,
+                               job.layout)
+        if manifest is None:
+            dense.place_initial(comm)
+        samples = tc.accumulate * min(tc.batch_size, dataset.num_samples("train"))
+        engine = ServerDense(model, guard, tc.accumulate, comm, dense, samples, topo.device)
+    else:
+        engine = ReplicatedDense(model, guard, tc.accumulate, group, config.comm, stats,
+                                 tc.optimizer, topo.device)
+    if manifest is not None:
+        restore(engine, store, manifest)
+    if tiered:
+        tiered.stats.warm_start_bytes = _warm_start(config, topo, dataset, layout, tiered,
+                                                    client)
+    parts = WorkerParts(engine, store, EmbeddingCollection(layout, store, topo.device), guard,
+                        job.layout if job else layout, job.plan.to_json() if job else "",
+                        lambda: Counters(client.stats if client else None,
+                                         tiered.report() if tiered else None), client)
+    return parts
+
+
+def restore(engine: DenseEngine, store: EmbeddingStore, manifest: ckpt.Manifest) -> None:
+    """Dense state, then the store's rows and clock, from ``manifest``."""
+    checkpointing.read_dense(Path(manifest.path), *engine.state())
+    store.restore(SavedRows(manifest))
+
+
+def _grid_worker(config: JobConfig, topo: Topology, layout: TableLayout,
+                 guard: NonFiniteGuard) -> WorkerParts:
+    """Tensor/pipeline parallel: tables replicated over stage 0's data group."""
+    groups = parallel_groups(topo.grid)
+    engine = GridDense(config, topo, groups, layout, guard)
+    tc = config.train
+    store = (ReplicatedTables(LocalTables(layout, SparseOptimizer(tc.optimizer), seed=tc.seed),
+                              groups.data) if engine.stage == 0 else NoTables(layout.dim))
+    return WorkerParts(engine, store, EmbeddingCollection(layout, store, topo.device), guard,
+                       layout, "", lambda: Counters(None, None), None)
+
+
+def _tiered(config: JobConfig, topo: Topology, layout: TableLayout, client: PSClient,
+            group: Group, sparse: SparseOptimizer, models: list[SyncModel] | None,
+            stats: StepStats[StepWork]) -> TieredStore | None:
+    """The hot tier over the servers' client, or None when the budget allows no row.
+    Hot rows keep the strictest staleness bound among the tables' sync models. Each
+    worker's count of hot rows in the coming push rides in the step's statistics as
+    ``hot`` (its own slot set, the others zero), so the push saves a collective."""
+    tc = config.tiering
+    row = hot_row_bytes(layout.dim, sparse.state_width(layout.dim))
+    capacity = hot_capacity(tc.budget, tc.budget_unit, layout.total_rows, row)
+    if capacity == 0:
+        if tc.budget > 0:
+            log.warning("tiering.budget = %s %s holds no row; tiering is off", tc.budget,
+                        tc.budget_unit)
+        return None
+    log.info("hot tier: %d of %d rows (%.1f MB per worker), %s", capacity,
+             layout.total_rows, capacity * row / 2**20, tc.policy)
+    bounds = [m.bound for m in models or [] if m.bound is not None]
+    staleness = min(bounds) if bounds else (None if models else 0)  # None: all ASP
+    tiered = TieredStore(layout, client, group, sparse, tc, capacity, topo.device,
+                         staleness=staleness)
+
+    def hot(work: StepWork) -> list[float]:
+        counts = [0.0] * group.size
+        counts[group.rank] = tiered.hot_count(np.unique(np.concatenate(
+            [lk.rows for lk in work.lookups])))
+        return counts
+
+    stats.add("hot", hot, size=group.size, then=tiered.expect)
+    return tiered
+
+
+def _warm_start(config: JobConfig, topo: Topology, dataset: Dataset, layout: TableLayout,
+                tiered: TieredStore, client: PSClient) -> int:
+    """Seed the hot set from the ids of the first ``tiering.prescan`` training samples,
+    each worker scanning its share; returns the bytes that moved the rows, which are
+    then taken out of the client's counters (they are not per-step traffic)."""
+    n = min(config.tiering.prescan, dataset.num_samples("train"))
+    if n == 0:
+        return 0
+    comm = topo.role_comm
+    lo, hi = shard_range(n, comm.Get_size(), comm.Get_rank())
+    tiered.warm_start(
+        np.unique(layout.global_rows(dataset.sparse("train", a, min(hi, a + 65536))),
+                  return_counts=True) for a in range(lo, hi, 65536))
+    moved = client.stats.move_bytes_sent + client.stats.move_bytes_received
+    client.stats = type(client.stats)()
+    return moved

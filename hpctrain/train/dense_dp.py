@@ -1,0 +1,98 @@
+"""The whole dense model on every worker: data parallel by bucketed allreduce.
+
+:class:`LocalDense` runs the forward and backward of the whole DLRM on this worker's
+micro-batches; :class:`ReplicatedDense` sums the gradients over the workers by the
+allreduces of :class:`~hpctrain.parallel.data.DataParallel`, which start during the last
+backward, with the step's named statistics (:mod:`hpctrain.train.stats`) in the first
+bucket, then divides by the global sample count (an exact mean, also for uneven slices).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from hpctrain.comm import Group
+from hpctrain.config import CommConfig
+from hpctrain.data.types import Batch
+from hpctrain.models.dlrm import DLRM
+from hpctrain.parallel.data import DataParallel
+from hpctrain.train.engine import DenseEngine, Embed, Reduced, StepWork
+from hpctrain.train.nonfinite import NonFiniteGuard
+from hpctrain.train.optim import DenseOptimizer
+from hpctrain.train.stats import StepStats
+
+__all__ = ["LocalDense", "ReplicatedDense"]
+
+
+class LocalDense(DenseEngine):
+    """The whole ``model`` on this worker, share ``replica`` of ``replicas``."""
+
+    def __init__(self, model: DLRM, guard: NonFiniteGuard, accumulate: int,
+                 replica: int, replicas: int, device: torch.device) -> None:
+        self.module, self.guard, self.accumulate = model, guard, accumulate
+        self.replica, self.replicas, self.device = replica, replicas, device
+
+    def forward_backward(self, work: StepWork, batches: Iterator[Batch], embed: Embed) -> None:
+        for micro, batch in enumerate(batches):
+            embedded = embed(batch)
+            start = time.perf_counter()
+            logits = self.module(self.tensor(batch.dense), embedded)
+            loss = F.binary_cross_entropy_with_logits(logits, self.tensor(batch.labels),
+                                                      reduction="sum")
+            work.count += len(batch)
+            work.loss_sum += loss.item()
+            self.guard.loss(work.loss_sum)
+            if micro == self.accumulate - 1:
+                self.last_backward(work)
+            loss.backward()
+            work.compute_s += time.perf_counter() - start
+
+    def last_backward(self, work: StepWork) -> None:  # noqa: B027 - optional hook
+        """Just before the step's last backward."""
+
+    @torch.no_grad()
+    def predict(self, batch: Batch, embed: Embed) -> np.ndarray:
+        return torch.sigmoid(self.module(self.tensor(batch.dense), embed(batch))).cpu().numpy()
+
+
+class ReplicatedDense(LocalDense):
+    """A replica of the dense model on each worker of ``group``, kept identical by summing
+    the gradients (and ``stats``) over the group."""
+
+    def __init__(self, model: DLRM, guard: NonFiniteGuard, accumulate: int, group: Group,
+                 comm: CommConfig, stats: StepStats[StepWork], optimizer: str,
+                 device: torch.device) -> None:
+        super().__init__(model, guard, accumulate, group.rank, group.size, device)
+        self.stats = stats
+        self.dp = DataParallel(model, group, comm, extra=stats.size)
+        self.optimizer = DenseOptimizer(model.parameters(), optimizer)
+
+    def last_backward(self, work: StepWork) -> None:
+        """The last backward starts the bucket allreduces, the statistics in the first."""
+        self.dp.arm(self.stats.values(work))
+
+    def reduce(self, work: StepWork) -> Reduced:
+        sums = self.stats.read(self.dp.allreduce(self.stats.values(work)))
+        flagged = sums["nonfinite"]
+        if not flagged:  # no root cause anywhere: the summed gradients, the same everywhere
+            self.guard.gradients(self.module.named_parameters())
+        scale = 1.0 / max(sums["samples"], 1.0)
+        self.dp.scale(scale)
+        return Reduced(int(sums["samples"]), sums["loss"] * scale, flagged)
+
+    def update(self, lr: float, skip: bool, scale: float) -> None:
+        if not skip:
+            self.optimizer.step(lr)
+        self.dp.zero()
+
+    def state(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        return self.dp.params, self.optimizer.state
+
+    def buckets(self) -> int:
+        """Gradient buckets of the allreduce (the fused layout's size)."""
+        return len(self.dp.fused.buckets)

@@ -1,0 +1,104 @@
+"""The dense side of a training step, as one protocol with one implementation per layout.
+
+A :class:`DenseEngine` keeps the dense model in one way: data parallel by allreduce
+(:class:`~hpctrain.train.dense_dp.ReplicatedDense`), on the parameter servers
+(:class:`~hpctrain.train.dense_ps.ServerDense`), or tensor/pipeline parallel over the
+grid (:class:`~hpctrain.train.dense_grid.GridDense`). The trainer runs every step the same
+way: ``begin``, ``forward_backward`` over the step's micro-batches, ``reduce`` (gradients
+and the step statistics), the verdict on non-finite values, ``update``, then the embedding
+push (through ``outgoing``); evaluation calls ``predict`` per chunk.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from embeddings.collection import Lookup
+from hpctrain.data.types import Batch
+
+__all__ = ["DenseEngine", "Embed", "Reduced", "StepWork"]
+
+Embed = Callable[[Batch], torch.Tensor]
+"""The embeddings ``[B, T, dim]`` of a batch's sparse ids (recording the lookup)."""
+
+
+@dataclass
+class StepWork:
+    """This worker's share of one optimizer step, as the forward/backward leaves it."""
+
+    step: int
+    count: int = 0
+    loss_sum: float = 0.0
+    lookups: list[Lookup] = field(default_factory=list)
+    compute_s: float = 0.0
+    """Seconds of forward and backward (without the lookups)."""
+    lookup_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Reduced:
+    """A step after its reduction: the samples its update is a mean over, the mean loss and
+    the summed non-finite flags (0 when no worker that shares the update found one)."""
+
+    samples: int
+    loss: float
+    flagged: float
+
+
+class DenseEngine(ABC):
+    """This rank's dense parameters and how a step updates them."""
+
+    module: nn.Module
+    """This rank's dense parameters (the whole DLRM, or one stage's shard)."""
+    device: torch.device
+    replica: int
+    replicas: int
+    """This rank's data-parallel position: it reads share ``replica`` of ``replicas``."""
+    reduce_phase = "dense_sync"
+    update_phase = "optimizer"
+    """The phases :meth:`reduce` and :meth:`update` are timed as."""
+    scores_here = True
+    """Whether :meth:`predict` returns this rank's scores (else None, on ranks that only
+    relay a pipeline)."""
+
+    def begin(self) -> None:  # noqa: B027 - optional hook
+        """Before a step or an evaluation: bring the dense parameters up to date."""
+
+    @abstractmethod
+    def forward_backward(self, work: StepWork, batches: Iterator[Batch], embed: Embed) -> None:
+        """Forward and backward over the step's micro-batches, accumulating into ``work``."""
+
+    @abstractmethod
+    def reduce(self, work: StepWork) -> Reduced:
+        """Sum gradients and statistics where the layout needs it; the dense gradients are
+        then the mean over :attr:`Reduced.samples`, unless :meth:`update` scales them."""
+
+    @abstractmethod
+    def update(self, lr: float, skip: bool, scale: float) -> None:
+        """Apply the step (not when ``skip``) and zero the gradients; ``scale`` is
+        1 / :attr:`Reduced.samples`."""
+
+    def outgoing(self, rows: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The step's push to the embedding store: ``rows``, plus any dense rows."""
+        return rows, grads
+
+    @abstractmethod
+    def predict(self, batch: Batch, embed: Embed) -> np.ndarray | None:
+        """Probabilities of ``batch`` (None where :attr:`scores_here` is false)."""
+
+    @abstractmethod
+    def state(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """(parameters, optimizer state) as a checkpoint's dense part holds them."""
+
+    def buckets(self) -> int:
+        """Buckets the gradients are allreduced in (0 where they are not)."""
+        return 0
+
+    def tensor(self, array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(array).to(self.device)

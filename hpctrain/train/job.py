@@ -1,0 +1,125 @@
+"""A training job on every rank: each rank's role built from the config and the topology.
+
+:class:`TrainingJob` does what every rank must agree on before training (the data's table
+sizes, the parameter-server job and its sharding plan, the checkpoint to resume from), then
+gives each rank its role: a worker runs a :class:`~hpctrain.train.trainer.Trainer` (its
+dense engine and embedding store from :func:`~hpctrain.train.build.build_worker`), a
+parameter-server rank serves its shards until the workers are done.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+
+from embeddings.optim import SparseOptimizer
+from embeddings.tables import TableLayout
+from hpctrain.config import JobConfig
+from hpctrain.data import Dataset, open_dataset
+from hpctrain.models.dlrm import DLRM
+from hpctrain.runtime.abort import agree
+from hpctrain.runtime.world import Topology
+from hpctrain.sync.models import table_models
+from hpctrain.train import checkpoint as ckpt
+from hpctrain.train import checkpointing
+from hpctrain.train.dense_ps import with_dense_table
+from hpctrain.train.report import Summary
+from hpctrain.train.rundir import default_run_dir
+from hpctrain.train.trainer import Trainer
+from ps.server import ServerStats
+from ps.service import PSJob
+
+__all__ = ["TrainingJob", "run_training"]
+
+log = logging.getLogger(__name__)
+
+
+def run_training(config: JobConfig, topo: Topology,
+                 on_trained: Callable[[Trainer], None] | None = None,
+                 resume: bool = False) -> Summary:
+    """Train on every rank of ``topo``: workers fit, parameter-server ranks serve their
+    shards. Collective over the world; world rank 0 gets the full summary (the server
+    counters included). ``on_trained`` runs on every worker after training, while the
+    servers still serve (to read back the final state). With ``resume``, training continues
+    from the newest complete checkpoint in ``train.run_dir``."""
+
+    def fit(trainer: Trainer) -> Summary:
+        summary = trainer.fit()
+        if on_trained:
+            on_trained(trainer)
+        return summary
+
+    return TrainingJob(config, topo, resume).run(fit)
+
+
+class TrainingJob:
+    """What the ranks of one training job agreed on; collective over the world."""
+
+    def __init__(self, config: JobConfig, topo: Topology, resume: bool = False,
+                 dataset: Dataset | None = None) -> None:
+        """``dataset`` is the workers' data (opened from ``config.data`` when None)."""
+        run_dir = topo.world.bcast(config.train.run_dir or default_run_dir(), root=0)
+        self.config = config = dataclasses.replace(
+            config, train=dataclasses.replace(config.train, run_dir=run_dir))
+        self.topo = topo
+        self.dataset = agree(topo.world, lambda: (dataset or open_dataset(config.data))
+                             if topo.is_worker else None)
+        sizes = topo.world.bcast(self.dataset.table_sizes if topo.rank == 0 else None, root=0)
+        self.layout = TableLayout.from_sizes(sizes, config.model.embedding_dim)
+        self.ps, self.models = None, None
+        if config.ps.servers:
+            served = self.layout
+            if config.ps.mode == "full":
+                dense = sum(p.numel() for p in DLRM(config.model, len(sizes)).parameters())
+                served = with_dense_table(self.layout, dense)
+            self.models = table_models(config.sync.model, config.sync.table_models,
+                                       [s.name for s in served.specs])
+            self.ps = PSJob.create(topo.world, topo.roles, served, config.ps,
+                                   config.train.seed)
+        self.manifest = None
+        if resume:  # world rank 0 checks; an error there ends the job while the others wait
+            self.manifest = topo.world.bcast(
+                self._resumable(self.ps.layout if self.ps else self.layout)
+                if topo.rank == 0 else None, root=0)
+
+    def _resumable(self, layout: TableLayout) -> ckpt.Manifest:
+        manifest = ckpt.latest(self.config.train.run_dir)
+        checkpointing.check_compatible(manifest, self.config, layout)
+        log.info("resuming from %s (step %d)", manifest.path, manifest.step)
+        return manifest
+
+    def worker(self) -> Trainer:
+        """This worker's trainer (workers only)."""
+        return Trainer(self.config, self.topo, self.dataset, self.layout, self.ps, self.models,
+                       self.manifest)
+
+    def serve(self) -> ServerStats:
+        """Serve this server's shards until every worker is done; its counters (servers
+        only)."""
+        config, topo = self.config, self.topo
+        restore, on_save = checkpointing.server_hooks(
+            topo.world, config.train.run_dir, config.checkpoint.keep, self.ps.layout,
+            self.ps.placement, topo.rank - topo.workers, self.manifest)
+        return self.ps.serve(SparseOptimizer(config.train.optimizer), config.train.seed,
+                             self.models, config.sync.deterministic, restore,
+                             on_save)
+
+    def run(self, work: Callable[[Trainer], Summary | None]) -> Summary:
+        """Every rank's role: workers run ``work`` on their trainer, then close it; servers
+        serve. World rank 0 returns the summary ``work`` returned there, with the server
+        counters, and writes it into the run directory."""
+        summary, server_stats, trainer = Summary(), None, None
+        if self.topo.is_worker:
+            trainer = self.worker()
+            summary = work(trainer) or summary
+            trainer.close()
+        else:
+            server_stats = self.serve()
+        gathered = self.topo.world.gather(server_stats, root=0)
+        if self.ps:
+            self.ps.comm.Free()
+        if self.topo.rank == 0:
+            summary.ps_servers = [s for s in gathered if s is not None]
+            trainer.finish(summary)
+        return summary
