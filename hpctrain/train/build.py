@@ -115,18 +115,17 @@ def build_worker(config: JobConfig, topo: Topology, dataset: Dataset, layout: Ta
         engine = ReplicatedDense(model, guard, tc.accumulate, group, config.comm, stats,
                                  tc.optimizer, topo.device)
     if manifest is not None:
-        restore(engine, store, manifest)
+        _restore(engine, store, manifest)
     if tiered:
         tiered.stats.warm_start_bytes = _warm_start(config, topo, dataset, layout, tiered,
                                                     client)
-    parts = WorkerParts(engine, store, EmbeddingCollection(layout, store, topo.device), guard,
-                        job.layout if job else layout, job.plan.to_json() if job else "",
-                        lambda: Counters(client.stats if client else None,
-                                         tiered.report() if tiered else None), client)
-    return parts
+    return WorkerParts(engine, store, EmbeddingCollection(layout, store, topo.device), guard,
+                       job.layout if job else layout, job.plan.to_json() if job else "",
+                       lambda: Counters(client.stats if client else None,
+                                        tiered.report() if tiered else None), client)
 
 
-def restore(engine: DenseEngine, store: EmbeddingStore, manifest: ckpt.Manifest) -> None:
+def _restore(engine: DenseEngine, store: EmbeddingStore, manifest: ckpt.Manifest) -> None:
     """Dense state, then the store's rows and clock, from ``manifest``."""
     checkpointing.read_dense(Path(manifest.path), *engine.state())
     store.restore(SavedRows(manifest))
