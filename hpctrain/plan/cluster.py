@@ -1,0 +1,218 @@
+"""The cluster a plan is made for: nodes, ranks, memory, links, and the device's rates.
+
+A cluster file (TOML; every key optional, units readable as in :mod:`.units`)::
+
+    nodes = 2                      # machines
+    ranks_per_node = 8             # MPI ranks on each
+    cores_per_node = 64            # ranks above this share cores (default: this machine's)
+    memory_per_rank = "80GiB"      # capacity a layout must fit in (default: RAM / ranks)
+    base_memory = "450MiB"         # resident memory of a rank before the job's tensors
+    calibration = "comm.json"      # `hpctrain bench calibrate` output: every link's alpha-beta
+    [intra]                        # a message between ranks of a node (overrides calibration)
+    latency = "2us"
+    bandwidth = "300GB/s"
+    [inter]                        # a message between nodes
+    latency = "5us"
+    bandwidth = "200Gb/s"
+    [device]                       # dense compute (default: a short probe on this machine)
+    flops = "50T"                  # sustained matmul FLOP/s per rank
+    memory_bandwidth = "2TB/s"     # copy bandwidth per rank
+    op_latency = "10us"            # fixed cost of one framework op (kernel launch, dispatch)
+
+Without a file (``--nodes N --ranks-per-node R``) the links come from ``--calibration`` or
+the cost model's built-in defaults (calibrated on this project's 2-core machine) and the
+device from the probe.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import resource
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from hpctrain.comm.select import read_params
+from hpctrain.comm.types import CostParams, Link
+from hpctrain.errors import ConfigError
+from hpctrain.plan.units import parse_quantity
+
+__all__ = ["Device", "Cluster", "probe_device", "load_cluster", "machine_cluster"]
+
+
+@dataclass(frozen=True)
+class Device:
+    """What one rank computes with: sustained FLOP/s, copy bytes/s, cost of one op."""
+
+    flops: float
+    memory_bandwidth: float
+    op_latency: float
+    source: str = "typed in"
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Sizes and rates the model predicts from (see the module docstring for the keys)."""
+
+    nodes: int
+    ranks_per_node: int
+    cores_per_node: int
+    memory_per_rank: float
+    base_memory: float
+    comm: CostParams  # p2p = intra-node link, net = inter-node link
+    device: Device
+    source: str = field(default="", compare=False)
+
+    @property
+    def ranks(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+    @property
+    def oversubscribed(self) -> bool:
+        """More ranks than cores on a node: ranks share cores, times stretch."""
+        return self.ranks_per_node > self.cores_per_node
+
+    @property
+    def core_share(self) -> float:
+        """Cores per rank, at most 1 (the compute-rate factor of oversubscription)."""
+        return min(1.0, self.cores_per_node / self.ranks_per_node)
+
+
+def _best(fn: Any, calls: int, reps: int = 5) -> float:
+    """Fastest of a few timed samples (load elsewhere only adds time), seconds per call."""
+    fn()
+    best = math.inf
+    for _ in range(reps):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - start) / calls)
+    return best
+
+
+def probe_device() -> Device:
+    """Time a 512^3 float32 matmul, a 64 MiB copy and a tiny op on one thread (~0.5 s)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one rank's share: launched ranks run one thread per core
+    try:
+        a, b = torch.randn(512, 512), torch.randn(512, 512)
+        flops = 2 * 512**3 / _best(lambda: a @ b, 3)
+        src = np.ones(16 << 20, np.float32)
+        dst = np.empty_like(src)
+        bandwidth = 2 * src.nbytes / _best(lambda: np.copyto(dst, src), 2)  # read + write
+        x = torch.ones(4, 4)
+        op = _best(lambda: x.add(x), 200)
+    finally:
+        torch.set_num_threads(threads)
+    return Device(flops, bandwidth, op, source="probe")
+
+
+def _base_memory() -> float:
+    """This process's peak resident memory: the libraries a rank loads (torch, MPI, numba)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0
+
+
+def _machine_memory() -> float:
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError):
+        return 8.0 * 2**30
+
+
+_TOP = {"nodes", "ranks_per_node", "cores_per_node", "memory_per_rank", "base_memory",
+        "calibration", "intra", "inter", "device"}
+_LINK = {"latency", "bandwidth"}
+_DEVICE = {"flops", "memory_bandwidth", "op_latency"}
+
+
+def machine_cluster(nodes: int, ranks_per_node: int, calibration: str | None = None,
+                    device: Device | None = None) -> Cluster:
+    """This machine's own description, ``nodes x ranks_per_node`` of it."""
+    return load_cluster(None, {"nodes": nodes, "ranks_per_node": ranks_per_node,
+                               **({"calibration": calibration} if calibration else {})},
+                        device=device)
+
+
+def load_cluster(path: str | os.PathLike[str] | None, table: dict[str, Any] | None = None,
+                 device: Device | None = None) -> Cluster:
+    """A :class:`Cluster` from a TOML file (or an already parsed ``table``); keys it leaves
+    out come from this machine. :class:`ConfigError` naming the file and key otherwise."""
+    where = str(path) if path is not None else "cluster"
+    if path is not None:
+        try:
+            table = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read the cluster file ({exc.strerror})") from None
+        except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    table = dict(table or {})
+    _known(table, _TOP, where, "")
+    for section, keys in (("intra", _LINK), ("inter", _LINK), ("device", _DEVICE)):
+        if not isinstance(table.get(section, {}), dict):
+            raise ConfigError(f"{where}: {section} must be a table [{section}]")
+        _known(table.get(section, {}), keys, where, f"{section}.")
+
+    def number(key: str, kind: str, default: float, section: str = "",
+               positive: bool = True) -> float:
+        node = table.get(section, {}) if section else table
+        name = f"{section}.{key}" if section else key
+        if key not in node:
+            return default
+        value = parse_quantity(node[key], kind, f"{where}: {name}")
+        if not math.isfinite(value) or value < 0 or (positive and value == 0):
+            raise ConfigError(f"{where}: {name} must be {'> 0' if positive else '>= 0'}, "
+                              f"got {node[key]!r}")
+        return value
+
+    def whole(key: str, default: int) -> int:
+        value = number(key, "count", default)
+        if value != int(value):
+            raise ConfigError(f"{where}: {key} must be a whole number, got {table[key]!r}")
+        return int(value)
+
+    comm = CostParams()
+    if "calibration" in table:
+        cal = table["calibration"]
+        if not isinstance(cal, str) or not cal:
+            raise ConfigError(f"{where}: calibration must be a file name, got {cal!r}")
+        base = Path(path).parent if path is not None else Path()
+        comm = read_params(base / cal)
+    links = {}
+    for section, default in (("intra", comm.p2p), ("inter", comm.net)):
+        alpha = number("latency", "seconds", default.alpha, section)
+        bandwidth = number("bandwidth", "bandwidth", 1.0 / default.beta, section)
+        links[section] = Link(alpha, 1.0 / bandwidth)
+    comm = dataclasses.replace(comm, p2p=links["intra"], net=links["inter"])
+    nodes, rpn = whole("nodes", 1), whole("ranks_per_node", 1)
+    cores = whole("cores_per_node", os.cpu_count() or 1)
+    memory = number("memory_per_rank", "bytes", _machine_memory() / rpn)
+    base_memory = number("base_memory", "bytes", _base_memory(), positive=False)
+    if base_memory >= memory:
+        raise ConfigError(f"{where}: base_memory ({base_memory / 2**20:.0f} MiB) leaves nothing "
+                          f"of memory_per_rank ({memory / 2**20:.0f} MiB)")
+    dev = table.get("device", {})
+    if not set(dev) >= _DEVICE:
+        probed = device or probe_device()
+        dev_source = "probe" if not dev else "probe + typed in"
+    else:
+        probed, dev_source = Device(1.0, 1.0, 1.0), "typed in"
+    device = Device(number("flops", "count", probed.flops, "device"),
+                    number("memory_bandwidth", "bandwidth", probed.memory_bandwidth, "device"),
+                    number("op_latency", "seconds", probed.op_latency, "device"),
+                    source=dev_source)
+    return Cluster(nodes, rpn, cores, memory, base_memory, comm, device,
+                   source=where if path is not None else "this machine")
+
+
+def _known(table: dict[str, Any], keys: set[str], where: str, prefix: str) -> None:
+    for key in table:
+        if key not in keys:
+            raise ConfigError(f"{where}: unknown key '{prefix}{key}'; keys are: "
+                              f"{', '.join(sorted(keys))}")
