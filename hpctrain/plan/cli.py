@@ -80,10 +80,11 @@ def main(argv: Sequence[str]) -> int:
             print(format_results(run_calc(args.formula, args), args.json))
             return 0
         args = _plan_parser().parse_args(argv)
-        if args.validate:
+        if args.validate:  # ranks communicate: an error on one ends the job
             from hpctrain.plan.validate import run_validate
+            from hpctrain.runtime.abort import run_guarded
 
-            return run_validate(args)
+            return run_guarded(lambda: run_validate(args))
         return _plan(args)
     except HpctrainError as exc:
         print(f"hpctrain plan: error: {exc}", file=sys.stderr, flush=True)

@@ -7,6 +7,7 @@ A cluster file (TOML; every key optional, units readable as in :mod:`.units`)::
     cores_per_node = 64            # ranks above this share cores (default: this machine's)
     memory_per_rank = "80GiB"      # capacity a layout must fit in (default: RAM / ranks)
     base_memory = "450MiB"         # resident memory of a rank before the job's tensors
+                                   # (default: probed, the libraries and kernels loaded)
     calibration = "comm.json"      # `hpctrain bench calibrate` output: every link's alpha-beta
     [intra]                        # a message between ranks of a node (overrides calibration)
     latency = "2us"
@@ -44,7 +45,8 @@ from hpctrain.comm.types import CostParams, Link
 from hpctrain.errors import ConfigError
 from hpctrain.plan.units import parse_quantity
 
-__all__ = ["Device", "Cluster", "probe_device", "load_cluster", "machine_cluster"]
+__all__ = ["Device", "Cluster", "probe_device", "probe_base_memory", "load_cluster",
+           "machine_cluster"]
 
 
 @dataclass(frozen=True)
@@ -114,8 +116,20 @@ def probe_device() -> Device:
     return Device(flops, bandwidth, op, source="probe")
 
 
-def _base_memory() -> float:
-    """This process's peak resident memory: the libraries a rank loads (torch, MPI, numba)."""
+def probe_base_memory() -> float:
+    """Peak resident memory of this process once it holds what a training rank loads before
+    the job's tensors: the trainer's modules, the numba kernels (loaded from their cache,
+    which maps the JIT's code and runtime) and torch's autograd engine after one tiny step."""
+    import hpctrain.train.trainer  # noqa: F401  (its imports are the rank's libraries)
+    from embeddings.optim import SparseOptimizer, coalesce
+    from hpctrain.comm import kernels
+
+    weight, state = np.zeros((4, 4), np.float32), np.zeros((4, 1), np.float32)
+    rows, grads = np.array([0, 1]), np.ones((2, 4), np.float32)
+    SparseOptimizer("adagrad").apply(weight, state, *coalesce(rows, grads), 0.1)
+    kernels.reduce_pair(weight[0], weight[1], kernels.SUM, kernels.ARITH)
+    layer = torch.nn.Linear(4, 4)
+    layer(torch.ones(2, 4)).sum().backward()
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0
 
 
@@ -193,7 +207,8 @@ def load_cluster(path: str | os.PathLike[str] | None, table: dict[str, Any] | No
     nodes, rpn = whole("nodes", 1), whole("ranks_per_node", 1)
     cores = whole("cores_per_node", os.cpu_count() or 1)
     memory = number("memory_per_rank", "bytes", _machine_memory() / rpn)
-    base_memory = number("base_memory", "bytes", _base_memory(), positive=False)
+    base_memory = number("base_memory", "bytes", 0.0, positive=False) \
+        if "base_memory" in table else probe_base_memory()
     if base_memory >= memory:
         raise ConfigError(f"{where}: base_memory ({base_memory / 2**20:.0f} MiB) leaves nothing "
                           f"of memory_per_rank ({memory / 2**20:.0f} MiB)")
