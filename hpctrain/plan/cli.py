@@ -68,6 +68,8 @@ def _plan_parser() -> argparse.ArgumentParser:
                    "layouts briefly on the launched ranks and compare with the predictions")
     p.add_argument("--steps", type=int, default=20, help="--validate: steps per run "
                    "(default 20)")
+    p.add_argument("--runs", type=int, default=3, help="--validate: layouts run, the job's "
+                   "own first, then the best predicted (default 3)")
     return p
 
 

@@ -22,7 +22,8 @@ from hpctrain.plan.cluster import Cluster
 from hpctrain.plan.model import F32, dense_params, predict, workload
 from hpctrain.plan.types import Prediction, Proposal
 
-__all__ = ["candidates", "plan", "ALLTOALL_BUILT", "rank_predictions"]
+__all__ = ["candidates", "plan", "ALLTOALL_BUILT", "rank_predictions", "proposal_of",
+           "predict_job"]
 
 ALLTOALL_BUILT = "embeddings" in {f.name for f in dataclasses.fields(JobConfig)}
 """Whether this build runs all-to-all sharded tables (``embeddings.mode = 'alltoall'``)."""
@@ -101,3 +102,25 @@ def plan(config: JobConfig, cluster: Cluster, job: str | None = None,
         extra = tuple(x for x in problems if x not in q.infeasible)
         out.append(dataclasses.replace(q, infeasible=q.infeasible + extra))
     return rank_predictions(out)
+
+
+def proposal_of(config: JobConfig, ranks: int) -> Proposal:
+    """The layout ``config`` itself asks for on ``ranks`` ranks."""
+    par, ps, tier = config.parallel, config.ps, config.tiering
+    w = workload(config)
+    hot = 0.0
+    if tier.budget > 0:
+        per_row = w.dim * F32 + w.state_width * F32 + 8
+        rows = {"fraction": tier.budget * w.rows, "rows": tier.budget,
+                "bytes": tier.budget / per_row}[tier.budget_unit]
+        hot = min(1.0, rows / w.rows)
+    dp = par.dp or max(1, (ranks - ps.servers) // (par.tp * par.pp))
+    return Proposal("ps" if ps.servers else "replicated", ps.servers,
+                    ps.mode if ps.servers else "hybrid", hot, dp=dp, tp=par.tp, pp=par.pp,
+                    micro_batches=par.micro_batches if par.tp * par.pp > 1 else 1,
+                    schedule=par.schedule, bucket_kib=config.comm.bucket_kib)
+
+
+def predict_job(config: JobConfig, cluster: Cluster) -> Prediction:
+    """The model's prediction for the job's own layout."""
+    return predict(workload(config), proposal_of(config, cluster.ranks), cluster)
