@@ -87,7 +87,7 @@ class Cluster:
         return min(1.0, self.cores_per_node / self.ranks_per_node)
 
 
-def _best(fn: Any, calls: int, reps: int = 5) -> float:
+def _best(fn: Any, calls: int, reps: int = 9) -> float:
     """Fastest of a few timed samples (load elsewhere only adds time), seconds per call."""
     fn()
     best = math.inf
@@ -100,7 +100,8 @@ def _best(fn: Any, calls: int, reps: int = 5) -> float:
 
 
 def probe_device() -> Device:
-    """Time a 512^3 float32 matmul, a 64 MiB copy and a tiny op on one thread (~0.5 s)."""
+    """Time a 512^3 float32 matmul, a 64 MiB copy and a tiny op on one thread (~1 s);
+    each the fastest of several samples, so load elsewhere on the machine counts little."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one rank's share: launched ranks run one thread per core
     try:

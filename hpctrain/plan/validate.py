@@ -6,7 +6,9 @@ World rank 0 plans (probe included) and broadcasts the plan, as TorchRec's
 ``collective_plan`` does; then every layout trains ``--steps`` steps through
 :func:`hpctrain.train.trainer.run_training`, after one short warm-up run that compiles the
 kernels. Measured step time is the slowest worker's median step (the trainer's ``p50``:
-warm-up and load spikes fall outside it); measured peak memory is the largest rank's
+warm-up and load spikes fall outside it) and, less sensitive to other load on the machine,
+the busiest rank's CPU time per step (a one-step run's CPU time subtracted from the full
+run's, so setup and evaluation drop out); measured peak memory is the largest rank's
 resident high-water mark during that run (reset before it, ``/proc/self/clear_refs``).
 The runs use one torch thread per rank, as the probe does: on a machine shared with other
 work a second intra-op thread waits for a core at every op and makes the step many times
@@ -19,6 +21,7 @@ import argparse
 import dataclasses
 import os
 import tempfile
+import time
 from collections.abc import Sequence
 
 from hpctrain.config import JobConfig, load_config
@@ -65,27 +68,45 @@ def _short(config: JobConfig, steps: int, run_dir: str) -> list[str]:
     return keys
 
 
-def _measure(job: str | None, overrides: Sequence[str], world_topo: Topology
-             ) -> tuple[float, float]:
-    """(slowest worker's median step seconds, largest rank's peak bytes) of one run."""
+def _run(job: str | None, overrides: Sequence[str], world_topo: Topology
+         ) -> tuple[float, float, float]:
+    """(slowest worker's median step seconds, largest rank's peak bytes, largest rank's CPU
+    seconds) of one run."""
     config = load_config(job, overrides)
     topo = build_topology(config)
     _reset_peak()
+    cpu = time.process_time()
     summary = run_training(config, topo)
+    cpu = time.process_time() - cpu
     peak = max(world_topo.world.allgather(_peak()))
+    cpus = world_topo.world.allgather(cpu)
     step = max(t["p50"] for t in summary.step_times) if world_topo.rank == 0 else 0.0
     topo.free()
-    return step, peak
+    return step, peak, max(cpus)
 
 
-def validation_rows(predictions: Sequence[Prediction], measured: Sequence[tuple[float, float]]
+def _measure(job: str | None, overrides: Sequence[str], short: Sequence[str],
+             once: Sequence[str], world_topo: Topology) -> tuple[float, float, float]:
+    """(median step s, peak bytes, CPU s per step) of a layout: a one-step run, then a run of
+    ``--steps``; the difference of their CPU times per extra step leaves setup and
+    evaluation out."""
+    _, _, cpu1 = _run(job, [*overrides, *once], world_topo)
+    step, peak, cpu = _run(job, [*overrides, *short], world_topo)
+    steps = load_config(job, [*overrides, *short]).train.steps
+    return step, peak, (cpu - cpu1) / max(steps - 1, 1)
+
+
+def validation_rows(predictions: Sequence[Prediction],
+                    measured: Sequence[tuple[float, float, float]]
                     ) -> list[dict[str, float | str]]:
     """Predicted against measured, with the relative error of each (pure)."""
     rows = []
-    for q, (step, peak) in zip(predictions, measured, strict=True):
+    for q, (step, peak, cpu) in zip(predictions, measured, strict=True):
         rows.append({"layout": q.proposal.name, "predicted_ms": q.step_s * 1e3,
                      "measured_ms": step * 1e3,
                      "time_error": (q.step_s - step) / step if step else float("nan"),
+                     "cpu_ms": cpu * 1e3,
+                     "cpu_error": (q.step_s - cpu) / cpu if cpu > 0 else float("nan"),
                      "predicted_mib": q.peak_memory / MIB, "measured_mib": peak / MIB,
                      "memory_error": (q.peak_memory - peak) / peak if peak else float("nan")})
     return rows
@@ -93,12 +114,13 @@ def validation_rows(predictions: Sequence[Prediction], measured: Sequence[tuple[
 
 def format_validation(rows: Sequence[dict[str, float | str]], ranks: int,
                       oversubscribed: bool) -> str:
-    lines = [f"{'layout':<44} {'pred ms':>8} {'meas ms':>8} {'err':>7} {'pred MiB':>9} "
-             f"{'meas MiB':>9} {'err':>7}"]
+    lines = [f"{'layout':<44} {'pred ms':>8} {'meas ms':>8} {'err':>7} {'cpu ms':>8} "
+             f"{'err':>7} {'pred MiB':>9} {'meas MiB':>9} {'err':>7}"]
     for r in rows:
         lines.append(f"{r['layout']:<44} {r['predicted_ms']:>8.2f} {r['measured_ms']:>8.2f} "
-                     f"{r['time_error']:>+7.0%} {r['predicted_mib']:>9.0f} "
-                     f"{r['measured_mib']:>9.0f} {r['memory_error']:>+7.0%}")
+                     f"{r['time_error']:>+7.0%} {r['cpu_ms']:>8.2f} {r['cpu_error']:>+7.0%} "
+                     f"{r['predicted_mib']:>9.0f} {r['measured_mib']:>9.0f} "
+                     f"{r['memory_error']:>+7.0%}")
     if len(rows) > 1:
         fastest = min(rows, key=lambda r: r["measured_ms"])
         lines.append(f"first layout measured {rows[0]['measured_ms']:.2f} ms, the fastest "
@@ -107,7 +129,8 @@ def format_validation(rows: Sequence[dict[str, float | str]], ranks: int,
     if oversubscribed:
         lines.append(f"note: {ranks} ranks share fewer cores: measured times include waiting "
                      f"for descheduled ranks")
-    lines.append("note: times measured on this machine as it is now; other load inflates them")
+    lines.append("note: meas ms is wall time on this machine as it is now (other load inflates "
+                 "it); cpu ms is the busiest rank's CPU time per step")
     return "\n".join(lines)
 
 
@@ -137,10 +160,10 @@ def run_validate(args: argparse.Namespace) -> int:
     run_dir = topo.world.bcast(tempfile.mkdtemp(prefix="hpctrain-plan-"), root=0)
     if not top:
         raise ConfigError("--validate: no layout of the job fits the launched ranks")
-    short = _short(base, args.steps, run_dir)
-    _measure(args.job, [*args.set, *top[0].proposal.overrides(), *_short(base, 1, run_dir)],
-             topo)  # warm-up: loads the kernels, fills the allocator
-    measured = [_measure(args.job, [*args.set, *q.proposal.overrides(), *short], topo)
+    short, once = _short(base, max(args.steps, 2), run_dir), _short(base, 1, run_dir)
+    _run(args.job, [*args.set, *top[0].proposal.overrides(), *once],
+         topo)  # warm-up: loads the kernels, fills the allocator
+    measured = [_measure(args.job, [*args.set, *q.proposal.overrides()], short, once, topo)
                 for q in top]
     if topo.rank == 0:
         rows = validation_rows(top, measured)

@@ -18,7 +18,7 @@ def test_validate_two_ranks():
     assert len(rows) == 2, result.stdout
     assert rows[0].startswith("replicated/dp2/")  # the job's own layout comes first
     for row in rows:
-        pred_ms, meas_ms, _, pred_mib, meas_mib, _ = row.split()[1:]
-        assert float(pred_ms) > 0 and float(meas_ms) > 0
+        pred_ms, meas_ms, _, cpu_ms, _, pred_mib, meas_mib, _ = row.split()[1:]
+        assert float(pred_ms) > 0 and float(meas_ms) > 0 and cpu_ms
         assert float(pred_mib) > 100 and float(meas_mib) > 100
     assert "fastest of these" in result.stdout
