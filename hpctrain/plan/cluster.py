@@ -19,6 +19,7 @@ A cluster file (TOML; every key optional, units readable as in :mod:`.units`)::
     flops = "50T"                  # sustained matmul FLOP/s per rank
     memory_bandwidth = "2TB/s"     # copy bandwidth per rank
     op_latency = "10us"            # fixed cost of one framework op (kernel launch, dispatch)
+    id_latency = "50ns"            # per id of a sort-based unique (lookup de-duplication)
 
 Without a file (``--nodes N --ranks-per-node R``) the links come from ``--calibration`` or
 the cost model's built-in defaults (calibrated on this project's 2-core machine) and the
@@ -51,11 +52,13 @@ __all__ = ["Device", "Cluster", "probe_device", "probe_base_memory", "load_clust
 
 @dataclass(frozen=True)
 class Device:
-    """What one rank computes with: sustained FLOP/s, copy bytes/s, cost of one op."""
+    """What one rank computes with: sustained FLOP/s, copy bytes/s, cost of one framework
+    op, and cost per id of sorting ids (the lookups' de-duplication)."""
 
     flops: float
     memory_bandwidth: float
     op_latency: float
+    id_latency: float
     source: str = "typed in"
 
 
@@ -88,20 +91,22 @@ class Cluster:
 
 
 def _best(fn: Any, calls: int, reps: int = 9) -> float:
-    """Fastest of a few timed samples (load elsewhere only adds time), seconds per call."""
+    """Fastest of a few samples of this thread's CPU time, seconds per call: CPU time leaves
+    out the time the thread waits for a core, so other load on the machine counts little."""
     fn()
     best = math.inf
     for _ in range(reps):
-        start = time.perf_counter()
+        start = time.thread_time()
         for _ in range(calls):
             fn()
-        best = min(best, (time.perf_counter() - start) / calls)
+        best = min(best, (time.thread_time() - start) / calls)
     return best
 
 
 def probe_device() -> Device:
-    """Time a 512^3 float32 matmul, a 64 MiB copy and a tiny op on one thread (~1 s);
-    each the fastest of several samples, so load elsewhere on the machine counts little."""
+    """Time a 512^3 float32 matmul, a 64 MiB copy, a tiny op and ``np.unique`` of 64 Ki ids
+    on one thread (~1 s);
+    each the fastest of several samples of CPU time (:func:`_best`)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one rank's share: launched ranks run one thread per core
     try:
@@ -112,9 +117,11 @@ def probe_device() -> Device:
         bandwidth = 2 * src.nbytes / _best(lambda: np.copyto(dst, src), 2)  # read + write
         x = torch.ones(4, 4)
         op = _best(lambda: x.add(x), 200)
+        ids = np.random.default_rng(0).integers(0, 1 << 20, 1 << 16)
+        per_id = _best(lambda: np.unique(ids, return_inverse=True), 2) / ids.size
     finally:
         torch.set_num_threads(threads)
-    return Device(flops, bandwidth, op, source="probe")
+    return Device(flops, bandwidth, op, per_id, source="probe")
 
 
 def probe_base_memory() -> float:
@@ -144,7 +151,7 @@ def _machine_memory() -> float:
 _TOP = {"nodes", "ranks_per_node", "cores_per_node", "memory_per_rank", "base_memory",
         "calibration", "intra", "inter", "device"}
 _LINK = {"latency", "bandwidth"}
-_DEVICE = {"flops", "memory_bandwidth", "op_latency"}
+_DEVICE = {"flops", "memory_bandwidth", "op_latency", "id_latency"}
 
 
 def machine_cluster(nodes: int, ranks_per_node: int, calibration: str | None = None,
@@ -218,10 +225,11 @@ def load_cluster(path: str | os.PathLike[str] | None, table: dict[str, Any] | No
         probed = device or probe_device()
         dev_source = "probe" if not dev else "probe + typed in"
     else:
-        probed, dev_source = Device(1.0, 1.0, 1.0), "typed in"
+        probed, dev_source = Device(1.0, 1.0, 1.0, 1.0), "typed in"
     device = Device(number("flops", "count", probed.flops, "device"),
                     number("memory_bandwidth", "bandwidth", probed.memory_bandwidth, "device"),
                     number("op_latency", "seconds", probed.op_latency, "device"),
+                    number("id_latency", "seconds", probed.id_latency, "device"),
                     source=dev_source)
     return Cluster(nodes, rpn, cores, memory, base_memory, comm, device,
                    source=where if path is not None else "this machine")

@@ -3,16 +3,16 @@
 Pure functions of the job's sizes (:class:`Workload`) and the :class:`~.cluster.Cluster`.
 What a step costs, per rank:
 
-- dense compute: ``3 x 2 x MACs`` FLOPs (forward, and a backward twice as dear) at the
-  probed matmul rate, plus a fixed cost per framework op (``device.op_latency``, counted per
-  layer, per table and per micro-batch), stretched by the core share when ranks outnumber
-  cores;
-- embeddings: the step's unique rows (expected unique draws of the job's Zipf ids), read and
-  updated at the probed memory bandwidth; replicated tables all-gather the touched rows
-  (ring allgather cost), parameter servers add a pull and a push per server on the link the
-  ranks share (intra-node on one node, inter-node otherwise) and the server's own apply
-  time; a hot tier serves the share of lookups its top rows cover and sums its gradients
-  over the workers;
+- dense compute: ``3 x 2 x MACs`` FLOPs (forward, and a backward twice as dear) at a share
+  (:data:`MATMUL_EFFICIENCY`) of the probed matmul rate, plus a fixed cost per framework op
+  (``device.op_latency``, counted per layer, per table and per micro-batch), stretched by
+  the core share when ranks outnumber cores;
+- embeddings: sort-like passes over the step's ids at the probed per-id cost; the unique
+  rows (expected distinct draws of the job's Zipf ids) read and updated at the probed memory
+  bandwidth; replicated tables all-gather the touched rows (ring allgather cost), parameter
+  servers add a pull and a push per server on the link the ranks share (intra-node on one
+  node, inter-node otherwise) and the server's own apply time; a hot tier serves the share
+  of lookups its top rows cover and sums its gradients over the workers;
 - dense gradients: one allreduce per bucket over the data-parallel ranks, priced by the
   collective selector's own cost model (:func:`hpctrain.comm.select.ranking`), hidden under
   the backward pass when more than one bucket lets it start early;
@@ -58,6 +58,12 @@ input and weight gradients, bias sum, activation gradient, optimizer update (aut
 hook dispatch included), as counted by the profiler on the DLRM step."""
 OPS_PER_TABLE = 6  # id remap, unique, gather, gradient scatter, coalesce, sparse apply
 OPS_FIXED = 60  # interaction, loss, metrics, zero_grad, the step's bookkeeping
+OPS_STAGE = 10  # a later pipeline stage's own bookkeeping
+ID_PASSES = 5  # sort-like passes over a step's ids: unique, inverse, remap, coalesce, scatter
+MATMUL_EFFICIENCY = 0.55
+"""Share of the probed 512^3 matmul rate a DLRM training step sustains (its backward
+matmuls, narrow layers and the interaction's small batched products); calibrated against
+the CPU time per step of ``jobs/configs/dlrm_reference_2048.toml`` on one rank."""
 TOUCH_PASSES = 4  # memory passes over a touched row per step: gather, grad, coalesce, apply
 
 
@@ -188,7 +194,7 @@ def predict(w: Workload, p: Proposal, cluster: Cluster, runnable: bool = True) -
     micro = local / p.micro_batches if p.tp * p.pp > 1 else local / w.accumulate
     chunks = p.micro_batches if p.tp * p.pp > 1 else w.accumulate
     params = dense_params(w)
-    flops_rate = dev.flops * share
+    flops_rate = dev.flops * MATMUL_EFFICIENCY * share
     op_s = dev.op_latency / share
     bw = dev.memory_bandwidth * share
     span = cluster.nodes > 1
@@ -200,6 +206,7 @@ def predict(w: Workload, p: Proposal, cluster: Cluster, runnable: bool = True) -
     state_bytes = w.state_width * F32
     emb_mem: dict[str, float] = {}
     emb_time: dict[str, float] = {"lookup": op_s * OPS_PER_TABLE * w.tables * chunks
+                                  + ID_PASSES * lookups * dev.id_latency / share
                                   + TOUCH_PASSES * lookups * row_bytes / bw}
     inb = outb = 0.0
     server: RankPrediction | None = None
@@ -279,7 +286,7 @@ def predict(w: Workload, p: Proposal, cluster: Cluster, runnable: bool = True) -
     for s, st in enumerate(stages):
         stage_params = st.params(p.tp)
         compute = 3 * 2 * st.macs_per_rank(p.tp) * local / flops_rate + \
-            op_s * (OPS_PER_LAYER * st.layers + (OPS_FIXED if s == 0 else 10)) * chunks
+            op_s * (OPS_PER_LAYER * st.layers + (OPS_FIXED if s == 0 else OPS_STAGE)) * chunks
         grads = stage_params * F32
         nbuckets = max(1, math.ceil(grads / bucket))
         sync = allreduce_s(grads, p.dp, cluster, span) if p.ps_mode != "full" or \

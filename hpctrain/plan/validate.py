@@ -140,8 +140,9 @@ def run_validate(args: argparse.Namespace) -> int:
     from hpctrain.plan.proposals import plan, predict_job
 
     base = load_config(args.job, args.set)
-    topo = build_topology(dataclasses.replace(
+    topo = build_topology(dataclasses.replace(  # a world any launch fits, to plan over
         base, ps=dataclasses.replace(base.ps, servers=0),
+        tiering=dataclasses.replace(base.tiering, budget=0.0),
         parallel=dataclasses.replace(base.parallel, tp=1, pp=1, dp=0)))
     size = topo.world.Get_size()
     top: list[Prediction] = []

@@ -21,7 +21,7 @@ from hpctrain.plan.model import allreduce_s, dense_params, predict, workload, zi
 from hpctrain.plan.proposals import plan, rank_predictions
 from hpctrain.plan.types import Proposal
 
-DEVICE = Device(1e10, 5e9, 2e-6)
+DEVICE = Device(1e10, 5e9, 2e-6, 5e-8)
 JOBS = ["jobs/configs/default.toml", "jobs/configs/dlrm_reference.toml",
         "jobs/configs/criteo_sample.toml"]
 
@@ -123,7 +123,7 @@ def test_cluster_file(tmp_path):
     path.write_text('nodes = 2\nranks_per_node = 4\nmemory_per_rank = "64GiB"\n'
                     '[inter]\nlatency = "5us"\nbandwidth = "200Gb/s"\n'
                     '[device]\nflops = "50T"\nmemory_bandwidth = "2TB/s"\n'
-                    'op_latency = "10us"\n')
+                    'op_latency = "10us"\nid_latency = "50ns"\n')
     c = load_cluster(path)
     assert c.ranks == 8 and c.memory_per_rank == 64 * 2**30
     assert c.comm.net.alpha == pytest.approx(5e-6) and c.comm.net.beta == pytest.approx(1 / 25e9)
@@ -149,7 +149,7 @@ def test_plan_command(tmp_path, capsys):
     path = tmp_path / "c.toml"
     path.write_text('ranks_per_node = 2\ncores_per_node = 2\nmemory_per_rank = "8GiB"\n'
                     'base_memory = "300MiB"\n[device]\nflops = 1e10\n'
-                    'memory_bandwidth = 5e9\nop_latency = 2e-6\n')
+                    'memory_bandwidth = 5e9\nop_latency = 2e-6\nid_latency = 5e-8\n')
     out = tmp_path / "best.toml"
     assert main(["jobs/configs/default.toml", "--cluster", str(path), "--json",
                  "--write", str(out)]) == 0
