@@ -52,9 +52,9 @@ class Proposal:
                 f"parallel.pp={self.pp}", f"parallel.dp={self.dp}",
                 f"parallel.micro_batches={self.micro_batches}",
                 f"parallel.schedule='{self.schedule}'", f"comm.bucket_kib={self.bucket_kib}"]
+        keys += [f"tiering.budget={self.hot_fraction}", "tiering.budget_unit='fraction'"]
         if self.servers:
             keys.append(f"ps.mode='{self.ps_mode}'")
-            keys += [f"tiering.budget={self.hot_fraction}", "tiering.budget_unit='fraction'"]
         if self.embeddings == "alltoall":
             keys += ["embeddings.mode='alltoall'", f"embeddings.sharding='{self.sharding}'"]
         return keys

@@ -168,3 +168,11 @@ def test_plan_command(tmp_path, capsys):
     bad.write_text("[inter]\nbandwidth = 0\n")
     assert main(["--cluster", str(bad)]) == 2
     assert "inter.bandwidth" in capsys.readouterr().err
+
+
+def test_layouts_of_a_tiered_job_without_servers_turn_tiering_off():
+    config = load_config("jobs/configs/tiered.toml")
+    predictions = plan(config, cluster(1), "jobs/configs/tiered.toml")
+    best = predictions[0]
+    assert best.feasible and best.proposal.servers == 0
+    assert load_config("jobs/configs/tiered.toml", best.proposal.overrides()).tiering.budget == 0
