@@ -7,6 +7,8 @@
     mpiexec -n 4 hpctrain compare-sync --models bsp,ssp:4,asp --stragglers transient:0.1:3
     hpctrain preprocess jobs/configs/criteo_sample.toml --out sample.h5
     hpctrain config [JOB.toml] [--doc]
+    hpctrain plan [JOB.toml] --cluster cluster.toml    # predicted memory/time per layout
+    hpctrain plan calc zero --params 7B --stage 3 --dp 64
     mpiexec -n 4 hpctrain bench pipeline --json pipeline.json   # GPipe vs 1F1B bubble
     mpiexec -n 4 hpctrain bench allreduce --json out.json --plot out.png
     mpiexec -n 4 hpctrain bench calibrate --out comm.json
@@ -34,6 +36,11 @@ __all__ = ["main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["plan"]:  # its own parser: `plan calc ...` beside `plan [JOB.toml]`
+        from hpctrain.plan.cli import main as plan_main
+
+        return plan_main(argv[1:])
     args = _parser().parse_args(argv)
     try:
         job, overrides = args.job, [*args.set, *_command_overrides(args)]
@@ -126,6 +133,10 @@ def _parser() -> argparse.ArgumentParser:
     command("calibrate", "measure the cost model's alpha/beta parameters and write them "
                          "(point comm.calibration at the file)", benches).add_argument(
         "--out", default="comm-calibration.json", help="output file (default: %(default)s)")
+    sub.add_parser("plan", add_help=False,
+                   help="predict memory and step time of the job's layouts on a cluster, "
+                        "rank them, validate them (`hpctrain plan --help`); `plan calc` "
+                        "does the formulas of distributed training")
     return parser
 
 

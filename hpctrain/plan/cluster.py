@@ -1,0 +1,242 @@
+"""The cluster a plan is made for: nodes, ranks, memory, links, and the device's rates.
+
+A cluster file (TOML; every key optional, units readable as in :mod:`.units`)::
+
+    nodes = 2                      # machines
+    ranks_per_node = 8             # MPI ranks on each
+    cores_per_node = 64            # ranks above this share cores (default: this machine's)
+    memory_per_rank = "80GiB"      # capacity a layout must fit in (default: RAM / ranks)
+    base_memory = "450MiB"         # resident memory of a rank before the job's tensors
+                                   # (default: probed, the libraries and kernels loaded)
+    calibration = "comm.json"      # `hpctrain bench calibrate` output: every link's alpha-beta
+    [intra]                        # a message between ranks of a node (overrides calibration)
+    latency = "2us"
+    bandwidth = "300GB/s"
+    [inter]                        # a message between nodes
+    latency = "5us"
+    bandwidth = "200Gb/s"
+    [device]                       # dense compute (default: a short probe on this machine)
+    flops = "50T"                  # sustained matmul FLOP/s per rank
+    memory_bandwidth = "2TB/s"     # copy bandwidth per rank
+    op_latency = "10us"            # fixed cost of one framework op (kernel launch, dispatch)
+    id_latency = "50ns"            # per id of a sort-based unique (lookup de-duplication)
+
+Without a file (``--nodes N --ranks-per-node R``) the links come from ``--calibration`` or
+the cost model's built-in defaults (calibrated on this project's 2-core machine) and the
+device from the probe.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import resource
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from hpctrain.comm.select import read_params
+from hpctrain.comm.types import CostParams, Link
+from hpctrain.errors import ConfigError
+from hpctrain.plan.units import parse_quantity
+
+__all__ = ["Device", "Cluster", "probe_device", "probe_base_memory", "load_cluster",
+           "machine_cluster"]
+
+
+@dataclass(frozen=True)
+class Device:
+    """What one rank computes with: sustained FLOP/s, copy bytes/s, cost of one framework
+    op, and cost per id of sorting ids (the lookups' de-duplication)."""
+
+    flops: float
+    memory_bandwidth: float
+    op_latency: float
+    id_latency: float
+    source: str = "typed in"
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Sizes and rates the model predicts from (see the module docstring for the keys)."""
+
+    nodes: int
+    ranks_per_node: int
+    cores_per_node: int
+    memory_per_rank: float
+    base_memory: float
+    comm: CostParams  # p2p = intra-node link, net = inter-node link
+    device: Device
+    source: str = field(default="", compare=False)
+
+    @property
+    def ranks(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+    @property
+    def oversubscribed(self) -> bool:
+        """More ranks than cores on a node: ranks share cores, times stretch."""
+        return self.ranks_per_node > self.cores_per_node
+
+    @property
+    def core_share(self) -> float:
+        """Cores per rank, at most 1 (the compute-rate factor of oversubscription)."""
+        return min(1.0, self.cores_per_node / self.ranks_per_node)
+
+
+def _best(fn: Any, calls: int, reps: int = 9) -> float:
+    """Fastest of a few samples of this thread's CPU time, seconds per call: CPU time leaves
+    out the time the thread waits for a core, so other load on the machine counts little."""
+    fn()
+    best = math.inf
+    for _ in range(reps):
+        start = time.thread_time()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.thread_time() - start) / calls)
+    return best
+
+
+def probe_device() -> Device:
+    """Time a 512^3 float32 matmul, a 64 MiB copy, a tiny op and ``np.unique`` of 64 Ki ids
+    on one thread (~1 s);
+    each the fastest of several samples of CPU time (:func:`_best`)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one rank's share: launched ranks run one thread per core
+    try:
+        a, b = torch.randn(512, 512), torch.randn(512, 512)
+        flops = 2 * 512**3 / _best(lambda: a @ b, 3)
+        src = np.ones(16 << 20, np.float32)
+        dst = np.empty_like(src)
+        bandwidth = 2 * src.nbytes / _best(lambda: np.copyto(dst, src), 2)  # read + write
+        x = torch.ones(4, 4)
+        op = _best(lambda: x.add(x), 200)
+        ids = np.random.default_rng(0).integers(0, 1 << 20, 1 << 16)
+        per_id = _best(lambda: np.unique(ids, return_inverse=True), 2) / ids.size
+    finally:
+        torch.set_num_threads(threads)
+    return Device(flops, bandwidth, op, per_id, source="probe")
+
+
+def probe_base_memory() -> float:
+    """Peak resident memory of this process once it holds what a training rank loads before
+    the job's tensors: the trainer's modules, the numba kernels (loaded from their cache,
+    which maps the JIT's code and runtime) and torch's autograd engine after one tiny step."""
+    import hpctrain.train.trainer  # noqa: F401  (its imports are the rank's libraries)
+    from embeddings.optim import SparseOptimizer, coalesce
+    from hpctrain.comm import kernels
+
+    weight, state = np.zeros((4, 4), np.float32), np.zeros((4, 1), np.float32)
+    rows, grads = np.array([0, 1]), np.ones((2, 4), np.float32)
+    SparseOptimizer("adagrad").apply(weight, state, *coalesce(rows, grads), 0.1)
+    kernels.reduce_pair(weight[0], weight[1], kernels.SUM, kernels.ARITH)
+    layer = torch.nn.Linear(4, 4)
+    layer(torch.ones(2, 4)).sum().backward()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0
+
+
+def _machine_memory() -> float:
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError):
+        return 8.0 * 2**30
+
+
+_TOP = {"nodes", "ranks_per_node", "cores_per_node", "memory_per_rank", "base_memory",
+        "calibration", "intra", "inter", "device"}
+_LINK = {"latency", "bandwidth"}
+_DEVICE = {"flops", "memory_bandwidth", "op_latency", "id_latency"}
+
+
+def machine_cluster(nodes: int, ranks_per_node: int, calibration: str | None = None,
+                    device: Device | None = None) -> Cluster:
+    """This machine's own description, ``nodes x ranks_per_node`` of it."""
+    return load_cluster(None, {"nodes": nodes, "ranks_per_node": ranks_per_node,
+                               **({"calibration": calibration} if calibration else {})},
+                        device=device)
+
+
+def load_cluster(path: str | os.PathLike[str] | None, table: dict[str, Any] | None = None,
+                 device: Device | None = None) -> Cluster:
+    """A :class:`Cluster` from a TOML file (or an already parsed ``table``); keys it leaves
+    out come from this machine. :class:`ConfigError` naming the file and key otherwise."""
+    where = str(path) if path is not None else "cluster"
+    if path is not None:
+        try:
+            table = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read the cluster file ({exc.strerror})") from None
+        except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    table = dict(table or {})
+    _known(table, _TOP, where, "")
+    for section, keys in (("intra", _LINK), ("inter", _LINK), ("device", _DEVICE)):
+        if not isinstance(table.get(section, {}), dict):
+            raise ConfigError(f"{where}: {section} must be a table [{section}]")
+        _known(table.get(section, {}), keys, where, f"{section}.")
+
+    def number(key: str, kind: str, default: float, section: str = "",
+               positive: bool = True) -> float:
+        node = table.get(section, {}) if section else table
+        name = f"{section}.{key}" if section else key
+        if key not in node:
+            return default
+        value = parse_quantity(node[key], kind, f"{where}: {name}")
+        if not math.isfinite(value) or value < 0 or (positive and value == 0):
+            raise ConfigError(f"{where}: {name} must be {'> 0' if positive else '>= 0'}, "
+                              f"got {node[key]!r}")
+        return value
+
+    def whole(key: str, default: int) -> int:
+        value = number(key, "count", default)
+        if value != int(value):
+            raise ConfigError(f"{where}: {key} must be a whole number, got {table[key]!r}")
+        return int(value)
+
+    comm = CostParams()
+    if "calibration" in table:
+        cal = table["calibration"]
+        if not isinstance(cal, str) or not cal:
+            raise ConfigError(f"{where}: calibration must be a file name, got {cal!r}")
+        base = Path(path).parent if path is not None else Path()
+        comm = read_params(base / cal)
+    links = {}
+    for section, default in (("intra", comm.p2p), ("inter", comm.net)):
+        alpha = number("latency", "seconds", default.alpha, section)
+        bandwidth = number("bandwidth", "bandwidth", 1.0 / default.beta, section)
+        links[section] = Link(alpha, 1.0 / bandwidth)
+    comm = dataclasses.replace(comm, p2p=links["intra"], net=links["inter"])
+    nodes, rpn = whole("nodes", 1), whole("ranks_per_node", 1)
+    cores = whole("cores_per_node", os.cpu_count() or 1)
+    memory = number("memory_per_rank", "bytes", _machine_memory() / rpn)
+    base_memory = number("base_memory", "bytes", 0.0, positive=False) \
+        if "base_memory" in table else probe_base_memory()
+    if base_memory >= memory:
+        raise ConfigError(f"{where}: base_memory ({base_memory / 2**20:.0f} MiB) leaves nothing "
+                          f"of memory_per_rank ({memory / 2**20:.0f} MiB)")
+    dev = table.get("device", {})
+    if not set(dev) >= _DEVICE:
+        probed = device or probe_device()
+        dev_source = "probe" if not dev else "probe + typed in"
+    else:
+        probed, dev_source = Device(1.0, 1.0, 1.0, 1.0), "typed in"
+    device = Device(number("flops", "count", probed.flops, "device"),
+                    number("memory_bandwidth", "bandwidth", probed.memory_bandwidth, "device"),
+                    number("op_latency", "seconds", probed.op_latency, "device"),
+                    number("id_latency", "seconds", probed.id_latency, "device"),
+                    source=dev_source)
+    return Cluster(nodes, rpn, cores, memory, base_memory, comm, device,
+                   source=where if path is not None else "this machine")
+
+
+def _known(table: dict[str, Any], keys: set[str], where: str, prefix: str) -> None:
+    for key in table:
+        if key not in keys:
+            raise ConfigError(f"{where}: unknown key '{prefix}{key}'; keys are: "
+                              f"{', '.join(sorted(keys))}")

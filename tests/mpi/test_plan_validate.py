@@ -1,0 +1,24 @@
+"""``hpctrain plan --validate`` under a real 2-rank launch: the job's own layout and the best
+predicted one run briefly, each printed with predicted and measured time and memory."""
+
+import re
+import sys
+
+from harness import run_mpi
+
+HPCTRAIN = [sys.executable, "-m", "hpctrain.cli"]
+
+
+def test_validate_two_ranks():
+    result = run_mpi([*HPCTRAIN, "plan", "jobs/configs/criteo_sample.toml", "--validate",
+                      "--steps", "3", "--runs", "2"], ranks=2, timeout=240)
+    assert result.returncode == 0, result.stdout
+    rows = [line for line in result.stdout.splitlines()
+            if re.match(r"^(replicated|ps\d)\S*/dp", line)]
+    assert len(rows) == 2, result.stdout
+    assert rows[0].startswith("replicated/dp2/")  # the job's own layout comes first
+    for row in rows:
+        pred_ms, meas_ms, _, cpu_ms, _, pred_mib, meas_mib, _ = row.split()[1:]
+        assert float(pred_ms) > 0 and float(meas_ms) > 0 and cpu_ms
+        assert float(pred_mib) > 100 and float(meas_mib) > 100
+    assert "fastest of these" in result.stdout

@@ -1,0 +1,178 @@
+"""The planner's model: memory accounting against the real DLRM, Zipf estimates against the
+generator, bubble and allreduce terms, ranking, cluster files and the plan command."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from hpctrain.comm.select import ranking
+from hpctrain.comm.types import DTYPES, Layout, Request
+from hpctrain.config import load_config
+from hpctrain.data.synthetic import SyntheticClicks
+from hpctrain.errors import ConfigError
+from hpctrain.models.dlrm import DLRM
+from hpctrain.plan.cli import main
+from hpctrain.plan.cluster import Device, load_cluster, machine_cluster
+from hpctrain.plan.model import allreduce_s, dense_params, predict, workload, zipf_unique
+from hpctrain.plan.proposals import plan, rank_predictions
+from hpctrain.plan.types import Proposal
+
+DEVICE = Device(1e10, 5e9, 2e-6, 5e-8)
+JOBS = ["jobs/configs/default.toml", "jobs/configs/dlrm_reference.toml",
+        "jobs/configs/criteo_sample.toml"]
+
+
+def cluster(ranks: int = 2, **keys) -> object:
+    return load_cluster(None, {"nodes": 1, "ranks_per_node": ranks, "cores_per_node": ranks,
+                               "memory_per_rank": "8GiB", "base_memory": "300MiB", **keys},
+                        device=DEVICE)
+
+
+@pytest.mark.parametrize("job", JOBS)
+def test_dense_params_match_dlrm(job):
+    config = load_config(job)
+    model = DLRM(config.model, len(config.data.table_sizes))
+    assert dense_params(workload(config)) == sum(p.numel() for p in model.parameters())
+
+
+def test_memory_accounting_replicated_and_ps():
+    config = load_config("jobs/configs/default.toml")
+    w = workload(config)
+    params, rows = dense_params(w), sum(config.data.table_sizes)
+    rep = predict(w, Proposal(dp=2), cluster())
+    worker = rep.ranks[0].memory
+    assert worker["weights"] == worker["gradients"] == worker["optimizer_state"] == 4 * params
+    assert worker["tables"] == rows * (16 + 1) * 4  # row-wise Adagrad: one value a row
+    assert worker["base"] == 300 * 2**20
+    ps = predict(w, Proposal("ps", 1, dp=1), cluster())
+    worker, server = ps.ranks
+    assert "tables" not in worker.memory and server.role == "server"
+    assert server.memory["table_shards"] == rows * 17 * 4
+    sgd = workload(load_config("jobs/configs/default.toml", ["train.optimizer='sgd'"]))
+    assert predict(sgd, Proposal(dp=2), cluster()).ranks[0].memory["tables"] == rows * 16 * 4
+    tp = predict(w, Proposal(dp=1, tp=2, micro_batches=2), cluster()).ranks[0].memory
+    assert tp["weights"] < worker_weights_of(rep)
+
+
+def worker_weights_of(prediction) -> float:
+    return prediction.ranks[0].memory["weights"]
+
+
+def test_zipf_unique_matches_the_generator():
+    sizes = [1000, 50000, 300]
+    data = SyntheticClicks(sizes, 4096, 16, zipf=1.05, seed=3)
+    ids = data.read("train", 0, 2048).sparse
+    for t, n in enumerate(sizes):
+        measured = len(np.unique(ids[:, t]))
+        assert zipf_unique(n, 1.05, 2048) == pytest.approx(measured, rel=0.1)
+
+
+def test_pipeline_bubble_share():
+    w = workload(load_config("jobs/configs/default.toml"))
+    for m in (2, 8):
+        q = predict(w, Proposal(dp=1, pp=2, micro_batches=m), cluster())
+        slowest = max(q.ranks, key=lambda r: r.step_s - r.time_s["bubble"])
+        busy = slowest.step_s - slowest.time_s["bubble"]
+        assert 1 - busy / q.step_s == pytest.approx(1 / (m + 1))
+
+
+def test_allreduce_is_the_selectors_cheapest():
+    c = cluster(4)
+    req = Request("allreduce", 1 << 20, DTYPES["float32"])
+    layout = Layout(4, 0, 4, 0, 1, True, False)
+    best = min(cost.seconds for _, cost in ranking(req, layout, c.comm))
+    assert allreduce_s(4 << 20, 4, c, False) == pytest.approx(best)
+    assert allreduce_s(4 << 20, 1, c, False) == 0.0
+
+
+def test_ranking_and_infeasible_reasons():
+    config = load_config("jobs/configs/default.toml")
+    predictions = plan(config, cluster(3), "jobs/configs/default.toml")
+    assert len(predictions) >= 20
+    feasible = [q for q in predictions if q.feasible and q.runnable]
+    assert feasible and all(a.samples_per_s >= b.samples_per_s
+                            for a, b in zip(feasible, feasible[1:], strict=False))
+    reasons = {q.proposal.name: q.infeasible for q in predictions}
+    assert any("do not divide" in r for rs in reasons.values() for r in rs)  # tp=2 on 3 ranks
+    assert any("does not divide over dp 3" in r for rs in reasons.values() for r in rs)
+    a2a = [q for q in predictions if q.proposal.embeddings == "alltoall"]
+    assert a2a and not any(q.runnable for q in a2a)
+    small = plan(config, cluster(2, memory_per_rank="310MiB"))
+    assert not any(q.feasible for q in small)
+    assert "over the 310 MiB per rank by" in small[0].infeasible[-1]
+    shuffled = rank_predictions(list(reversed(predictions)))
+    assert [q.proposal for q in shuffled] == [q.proposal for q in predictions]
+
+
+def test_machine_cluster_and_oversubscription():
+    c = machine_cluster(1, 4, device=DEVICE)
+    assert c.ranks == 4 and c.memory_per_rank > 0
+    shared = dataclasses.replace(c, cores_per_node=2)
+    w = workload(load_config("jobs/configs/default.toml"))
+    fast = predict(w, Proposal(dp=4), dataclasses.replace(c, cores_per_node=4))
+    slow = predict(w, Proposal(dp=4), shared)
+    assert slow.notes == ("ranks share cores",) and slow.step_s > 1.5 * fast.step_s
+
+
+def test_cluster_file(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('nodes = 2\nranks_per_node = 4\nmemory_per_rank = "64GiB"\n'
+                    '[inter]\nlatency = "5us"\nbandwidth = "200Gb/s"\n'
+                    '[device]\nflops = "50T"\nmemory_bandwidth = "2TB/s"\n'
+                    'op_latency = "10us"\nid_latency = "50ns"\n')
+    c = load_cluster(path)
+    assert c.ranks == 8 and c.memory_per_rank == 64 * 2**30
+    assert c.comm.net.alpha == pytest.approx(5e-6) and c.comm.net.beta == pytest.approx(1 / 25e9)
+    assert c.device.flops == 50e12 and c.device.source == "typed in"
+
+
+@pytest.mark.parametrize(("text", "match"), [
+    ("nodes = 1\nbogus = 3\n", "unknown key 'bogus'"),
+    ("[intra]\nbandwidth = 0\n", "intra.bandwidth must be > 0"),
+    ('memory_per_rank = "-4GiB"\n', "memory_per_rank must be > 0"),
+    ("[device]\nspeed = 1\n", "unknown key 'device.speed'"),
+    ('[inter]\nlatency = "fast"\n', "inter.latency: expected a seconds"),
+])
+def test_cluster_file_errors(tmp_path, text, match):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=match) as err:
+        load_cluster(path, device=DEVICE)
+    assert str(path) in str(err.value)
+
+
+def test_plan_command(tmp_path, capsys):
+    path = tmp_path / "c.toml"
+    path.write_text('ranks_per_node = 2\ncores_per_node = 2\nmemory_per_rank = "8GiB"\n'
+                    'base_memory = "300MiB"\n[device]\nflops = 1e10\n'
+                    'memory_bandwidth = 5e9\nop_latency = 2e-6\nid_latency = 5e-8\n')
+    out = tmp_path / "best.toml"
+    assert main(["jobs/configs/default.toml", "--cluster", str(path), "--json",
+                 "--write", str(out)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    best = result["layouts"][0]
+    assert best["feasible"] and best["runnable"] and len(result["layouts"]) >= 10
+    written = load_config(out)
+    assert written.ps.servers == best["proposal"]["servers"]
+    assert written.parallel.tp == best["proposal"]["tp"]
+    assert written.model == load_config("jobs/configs/default.toml").model
+    path.write_text(path.read_text().replace("8GiB", "301MiB"))
+    assert main(["jobs/configs/default.toml", "--cluster", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no layout fits" in err and "MiB over" in err
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[inter]\nbandwidth = 0\n")
+    assert main(["--cluster", str(bad)]) == 2
+    assert "inter.bandwidth" in capsys.readouterr().err
+
+
+def test_layouts_of_a_tiered_job_without_servers_turn_tiering_off():
+    config = load_config("jobs/configs/tiered.toml")
+    predictions = plan(config, cluster(1), "jobs/configs/tiered.toml")
+    best = predictions[0]
+    assert best.feasible and best.proposal.servers == 0
+    assert load_config("jobs/configs/tiered.toml", best.proposal.overrides()).tiering.budget == 0
