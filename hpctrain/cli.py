@@ -54,7 +54,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return USER_ERROR
     command: Callable[[argparse.Namespace, JobConfig, Topology | None], int] = _COMMANDS[
         args.command]
-    return run_guarded(lambda: command(args, config, topo))
+    return run_guarded(lambda: _run(command, args, config, topo))
+
+
+def _run(command: Callable[[argparse.Namespace, JobConfig, Topology | None], int],
+         args: argparse.Namespace, config: JobConfig, topo: Topology | None) -> int:
+    """Run ``command``, then free the Topology and every group it owns (collective)."""
+    code = command(args, config, topo)
+    if topo is not None:
+        topo.free()
+    return code
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -267,9 +276,9 @@ def _bench_pipeline(args: argparse.Namespace, config: JobConfig, topo: Topology 
 
 
 def _bench_comm(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -> int:
-    from hpctrain.comm import Group
+    from hpctrain.comm.owner import communicators
 
-    group = Group(topo.world, config.comm)
+    group = communicators(topo).over(topo.world)
     if args.bench == "calibrate":
         from hpctrain.comm.calibrate import run_calibrate
 
@@ -280,7 +289,7 @@ def _bench_comm(args: argparse.Namespace, config: JobConfig, topo: Topology | No
         run_allreduce(group, args.sizes, [a for a in args.algorithms.split(",") if a],
                       args.reps, args.dtype, not args.no_fusion, args.json, args.plot,
                       echo=print)
-    group.free()
+    communicators(topo).release(group)
     return 0
 
 

@@ -29,11 +29,11 @@ from mpi4py import MPI
 
 from hpctrain.comm import kernels, torchdist
 from hpctrain.comm.bench import time_collective
+from hpctrain.comm.calibration import write_params
 from hpctrain.comm.collectives import allreduce
 from hpctrain.comm.group import Group
-from hpctrain.comm.select import write_params
-from hpctrain.comm.shm import Window
 from hpctrain.comm.types import CostParams, Link
+from hpctrain.comm.window import Window
 
 __all__ = ["calibrate", "fit", "run_calibrate"]
 

@@ -36,6 +36,7 @@ import torch
 from mpi4py import MPI
 from torch import nn
 
+from hpctrain.comm.owner import Communicators, communicators
 from hpctrain.errors import ConfigError
 from hpctrain.parallel.groups import parallel_groups
 from hpctrain.parallel.pipeline import PipelineStage, Traced
@@ -58,6 +59,9 @@ class PipelineRow:
     ideal: float
     peak_held: int
     step_ms: float
+    stage_s: tuple[tuple[float, float], ...] = ()
+    """Per stage, the least CPU seconds of a forward and of a backward: the costs
+    ``bubble`` is modelled with."""
 
 
 @dataclass(frozen=True)
@@ -89,18 +93,19 @@ class PipelineBench:
     def run(self, topo: Topology) -> list[PipelineRow] | None:
         """Every row on worker 0, ``None`` elsewhere; collective over the workers."""
         self.check(topo.workers)
-        torch_world = topo.torch_world() if topo.backend == "torch" else None
+        rendezvous = topo.rendezvous() if topo.backend == "torch" else None
         rows: list[PipelineRow] = []
         for p in self.stages:
-            grid = build_grid(topo.role_comm, Grid(1, 1, p), torch_world)
+            grid = build_grid(topo.role_comm, Grid(1, 1, p), rendezvous, topo.torch_backend)
             if grid is not None:
-                rows += self._stage_rows(p, grid, topo.device)
+                rows += self._stage_rows(p, grid, topo.device, communicators(topo))
                 grid.free()
             _sleeping_barrier(topo.role_comm)
         return rows if topo.worker_rank == 0 else None
 
-    def _stage_rows(self, p: int, grid: GridComms, device: torch.device) -> list[PipelineRow]:
-        groups = parallel_groups(grid)
+    def _stage_rows(self, p: int, grid: GridComms, device: torch.device,
+                    owner: Communicators) -> list[PipelineRow]:
+        groups = parallel_groups(grid, owner)
         comm = grid.comms["pipeline"]
         torch.manual_seed(0)
         model = nn.Sequential(*(m for _ in range(self.layers)
@@ -125,6 +130,7 @@ class PipelineBench:
                                                  stage.peak_held), root=0))
                 if comm.Get_rank() == 0:
                     rows.append(_row(schedule, p, m, runs))
+        groups.close()
         return rows
 
 
@@ -155,7 +161,8 @@ def _row(schedule: str, p: int, m: int,
     return PipelineRow(schedule, p, m, statistics.median(modelled),
                        statistics.median(jittered), statistics.median(wall),
                        ideal_bubble(p, m), max(held for run in runs for _, held in run),
-                       1e3 * statistics.median(makespans))
+                       1e3 * statistics.median(makespans),
+                       tuple((least[(s, "F")], least[(s, "B")]) for s in range(p)))
 
 
 def _sleeping_barrier(comm: MPI.Intracomm) -> None:

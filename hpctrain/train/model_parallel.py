@@ -27,6 +27,7 @@ from embeddings.collection import EmbeddingCollection, Lookup
 from embeddings.optim import SparseOptimizer
 from embeddings.replicated import ReplicatedTables
 from embeddings.tables import LocalTables, TableLayout
+from hpctrain.comm.owner import communicators
 from hpctrain.config import JobConfig, ParallelConfig
 from hpctrain.data.sharding import local_slice
 from hpctrain.data.types import Batch, Dataset
@@ -83,7 +84,7 @@ class ModelParallelDLRM:
         par, tc = config.parallel, config.train
         self.replica, self.stage, self.shard = topo.grid.coords
         self.replicas = topo.grid.grid.dp
-        groups = parallel_groups(topo.grid)
+        self.groups = groups = parallel_groups(topo.grid, communicators(topo))
         torch.manual_seed(tc.seed)
         full = DLRM(config.model, len(layout.specs))
         top = layers_of(full.top)
@@ -101,6 +102,11 @@ class ModelParallelDLRM:
             tables = LocalTables(layout, SparseOptimizer(tc.optimizer), seed=tc.seed)
             self.embeddings = EmbeddingCollection(layout, ReplicatedTables(tables, groups.data),
                                                   topo.device)
+
+    def close(self) -> None:
+        """Stop the engine's comm thread and free its groups (collective over the grid)."""
+        self.engine.close()
+        self.groups.close()
 
     def step(self, step: int, lr: float) -> tuple[int, float, float]:
         """Optimizer step ``step``: every stage reads this replica's slice of the

@@ -49,8 +49,8 @@ from embeddings.optim import SparseOptimizer
 from embeddings.replicated import ReplicatedTables
 from embeddings.tables import LocalTables, TableLayout
 from embeddings.tiered import TieredStore
-from hpctrain.comm import Group
 from hpctrain.comm.native import gatherv
+from hpctrain.comm.owner import communicators
 from hpctrain.config import JobConfig
 from hpctrain.data import Batch, Dataset, open_dataset
 from hpctrain.data.sharding import batches_per_epoch, local_slice
@@ -246,7 +246,7 @@ class Trainer:
         self.model = DLRM(config.model, len(self.layout.specs)).to(topo.device)
         # with tiering, each worker's count of hot rows rides in the dense allreduce
         self.hot_counts = self.comm.Get_size() if config.tiering.budget > 0 else 0
-        self.group = Group(self.comm, config.comm)
+        self.group = communicators(topo).workers()
         self.dp = DataParallel(self.model, self.group, config.comm, extra=3 + self.hot_counts)
         self.optimizer = DenseOptimizer(self.model.parameters(), tc.optimizer)
         self.job = job
@@ -572,6 +572,11 @@ class Trainer:
             self.tiered.flush()
         if self.client:
             self.client.close()
+        if self.hybrid is not None:
+            self.hybrid.close()
+        else:
+            self.dp.close()
+            communicators(self.topo).release(self.group)
 
     def finish(self, summary: Summary) -> None:
         """Write the summary into the run directory (worker 0)."""
