@@ -160,7 +160,7 @@ def _command_overrides(args: argparse.Namespace) -> list[str]:
 
 def _bench_allreduce_args(p: argparse.ArgumentParser) -> None:
     def sizes(text: str) -> list[int]:
-        from hpctrain.comm.bench import parse_sizes
+        from hpctrain.bench.allreduce import parse_sizes
 
         try:
             return parse_sizes(text)
@@ -257,7 +257,7 @@ def _bench(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -
 
 
 def _bench_pipeline(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -> int:
-    from hpctrain.parallel.bench import PipelineBench, format_rows, write_json
+    from hpctrain.bench.pipeline import PipelineBench, format_rows, write_json
 
     bench = PipelineBench(tuple(args.p), tuple(args.m), tuple(args.schedules), args.width,
                           args.layers, args.micro_batch, args.repeats)
@@ -280,11 +280,11 @@ def _bench_comm(args: argparse.Namespace, config: JobConfig, topo: Topology | No
 
     group = communicators(topo).over(topo.world)
     if args.bench == "calibrate":
-        from hpctrain.comm.calibrate import run_calibrate
+        from hpctrain.bench.calibrate import run_calibrate
 
         run_calibrate(group, args.out, echo=print)
     else:
-        from hpctrain.comm.bench import run_allreduce
+        from hpctrain.bench.allreduce import run_allreduce
 
         run_allreduce(group, args.sizes, [a for a in args.algorithms.split(",") if a],
                       args.reps, args.dtype, not args.no_fusion, args.json, args.plot,

@@ -9,9 +9,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from hpctrain.bench.allreduce import parse_sizes
 from hpctrain.comm import calibration, select
-from hpctrain.comm.bench import parse_sizes
-from hpctrain.comm.calibrate import fit
+from hpctrain.comm.calibration import fit
 from hpctrain.comm.collectives import as_storage
 from hpctrain.comm.shm import SHM, Shm, sync_cost
 from hpctrain.comm.types import DTYPES, Cost, CostParams, Layout, Link, Request, chunk_bounds
