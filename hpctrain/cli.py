@@ -61,7 +61,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return USER_ERROR
     command: Callable[[argparse.Namespace, JobConfig, Topology | None], int] = _COMMANDS[
         args.command]
-    return run_guarded(lambda: command(args, config, topo))
+    return run_guarded(lambda: _run(command, args, config, topo))
+
+
+def _run(command: Callable[[argparse.Namespace, JobConfig, Topology | None], int],
+         args: argparse.Namespace, config: JobConfig, topo: Topology | None) -> int:
+    """Run ``command``, then free the Topology and every group it owns (collective)."""
+    code = command(args, config, topo)
+    if topo is not None:
+        topo.free()
+    return code
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -162,7 +171,7 @@ def _command_overrides(args: argparse.Namespace) -> list[str]:
 
 def _bench_allreduce_args(p: argparse.ArgumentParser) -> None:
     def sizes(text: str) -> list[int]:
-        from hpctrain.comm.bench import parse_sizes
+        from hpctrain.bench.allreduce import parse_sizes
 
         try:
             return parse_sizes(text)
@@ -259,7 +268,7 @@ def _bench(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -
 
 
 def _bench_pipeline(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -> int:
-    from hpctrain.parallel.bench import PipelineBench, format_rows, write_json
+    from hpctrain.bench.pipeline import PipelineBench, format_rows, write_json
 
     bench = PipelineBench(tuple(args.p), tuple(args.m), tuple(args.schedules), args.width,
                           args.layers, args.micro_batch, args.repeats)
@@ -278,20 +287,20 @@ def _bench_pipeline(args: argparse.Namespace, config: JobConfig, topo: Topology 
 
 
 def _bench_comm(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -> int:
-    from hpctrain.comm import Group
+    from hpctrain.comm.owner import communicators
 
-    group = Group(topo.world, config.comm)
+    group = communicators(topo).over(topo.world)
     if args.bench == "calibrate":
-        from hpctrain.comm.calibrate import run_calibrate
+        from hpctrain.bench.calibrate import run_calibrate
 
         run_calibrate(group, args.out, echo=print)
     else:
-        from hpctrain.comm.bench import run_allreduce
+        from hpctrain.bench.allreduce import run_allreduce
 
         run_allreduce(group, args.sizes, [a for a in args.algorithms.split(",") if a],
                       args.reps, args.dtype, not args.no_fusion, args.json, args.plot,
                       echo=print)
-    group.free()
+    communicators(topo).release(group)
     return 0
 
 

@@ -22,8 +22,9 @@ import numpy as np
 import torch
 
 from hpctrain.comm import kernels, native, select, torchdist
+from hpctrain.comm.algorithm import Algorithm
 from hpctrain.comm.group import Group
-from hpctrain.comm.types import DTYPES, OPS, Algorithm, DType, Request, chunk_bounds
+from hpctrain.comm.types import DTYPES, OPS, DType, Request, chunk_bounds
 from hpctrain.errors import CommError
 
 __all__ = ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "gather",

@@ -17,7 +17,7 @@ launches what is left and waits for everything.
 
 How a bucket is reduced: when the workers fit one node (or, hierarchically, one node per
 slice) and the buffer is float32/float64 on the CPU, it lives in the node's shared window
-(:meth:`Group.resident`) and a :class:`~hpctrain.comm.shm.ResidentAllreduce` reduces it
+(:meth:`Group.resident`) and a :class:`~hpctrain.comm.window.ResidentAllreduce` reduces it
 with no copy, advanced from the hooks without blocking. Otherwise a single communication
 thread runs each bucket's :func:`~hpctrain.comm.collectives.allreduce` in launch order
 (needs ``MPI_THREAD_MULTIPLE``; without it buckets are reduced at launch).
@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from hpctrain.comm import ring, shm
+from hpctrain.comm import ring, window
 from hpctrain.comm.collectives import allreduce, as_storage
 from hpctrain.comm.group import Group
 from hpctrain.comm.types import OP_KERNEL
@@ -53,7 +53,7 @@ class Bucket:
     params: list[torch.nn.Parameter] = field(default_factory=list)
     pending: int = 0
     handle: Any = None
-    resident_op: shm.ResidentAllreduce | None = None
+    resident_op: window.ResidentAllreduce | None = None
 
 
 class FusedGradients:
@@ -88,7 +88,7 @@ class FusedGradients:
                 self.buckets.append(bucket)
         self._agree_on_layout(groups)
         self.buffers: list[torch.Tensor] = []
-        self.residents: list[shm.Resident | None] = []
+        self.residents: list[window.Resident | None] = []
         for index, ((dtype, device), ps) in enumerate(groups.items()):
             offset = extra if index == 0 else 0
             flat = self._allocate(offset + sum(p.numel() for p in ps), dtype, device,
@@ -170,7 +170,7 @@ class FusedGradients:
             self._launch(self.buckets[self._launched])
         self._progress()
 
-    def _resident_op(self, index: int, bucket: Bucket) -> shm.ResidentAllreduce | None:
+    def _resident_op(self, index: int, bucket: Bucket) -> window.ResidentAllreduce | None:
         """The reusable in-place allreduce of a resident bucket (flag slot ``index + 1``),
         with the ring across nodes as its middle step when there are several nodes."""
         resident = self.residents[bucket.buffer]
@@ -185,7 +185,7 @@ class FusedGradients:
 
             def between(part: np.ndarray) -> None:
                 ring.allreduce(part, cross, OP_KERNEL["sum"], kind, scratch)
-        return shm.ResidentAllreduce(arr, resident, index + 1, OP_KERNEL["sum"], dtype.kind,
+        return window.ResidentAllreduce(arr, resident, index + 1, OP_KERNEL["sum"], dtype.kind,
                                      between)
 
     def _launch(self, bucket: Bucket) -> None:
@@ -204,7 +204,7 @@ class FusedGradients:
         first unfinished one (a later bucket's inter-node messages must not overtake an
         earlier one's)."""
         for b in self.buckets[: self._launched]:
-            if isinstance(b.handle, shm.ResidentAllreduce) and not b.handle.test() and \
+            if isinstance(b.handle, window.ResidentAllreduce) and not b.handle.test() and \
                     self._ordered:
                 return
 
@@ -216,12 +216,12 @@ class FusedGradients:
         while self._launched < len(self.buckets):
             self._launch(self.buckets[self._launched])
         resident = [b.handle for b in self.buckets if isinstance(b.handle,
-                                                                shm.ResidentAllreduce)]
+                                                                window.ResidentAllreduce)]
         if self._ordered:
             for op in resident:
                 op.wait()
         else:
-            shm.complete(resident)
+            window.complete(resident)
         for b in self.buckets:
             if isinstance(b.handle, Future):
                 b.handle.result()

@@ -5,8 +5,9 @@ caller's), splits it into nodes (``Split_type(COMM_TYPE_SHARED)``, or consecutiv
 of ``comm.node_size`` ranks to emulate nodes on one machine) and into ``cross``
 communicators (the ranks that share a local rank across nodes), reads the cost parameters
 (rank 0 reads the calibration file and broadcasts it), and owns the lazily made shared
-windows, scratch buffers and torch.distributed process groups. Construction is collective
-over ``comm``.
+windows, scratch buffers and torch.distributed process groups (on its own
+:class:`~hpctrain.runtime.torchdist.Rendezvous`, made on first use). Construction is
+collective over ``comm``.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from hpctrain.comm.select import read_params
-from hpctrain.comm.shm import Resident, Window
+from hpctrain.comm.calibration import read_params
 from hpctrain.comm.types import CostParams, Layout
+from hpctrain.comm.window import Resident, Window
 from hpctrain.config import CommConfig
 from hpctrain.errors import CommError
+from hpctrain.runtime.torchdist import Rendezvous
 
 __all__ = ["Group"]
 
@@ -58,6 +60,7 @@ class Group:
         self._residents: list[Resident] = []
         self._scratch = np.empty(0, np.uint8)
         self._torch: dict[str, Any] = {}
+        self._rendezvous: Rendezvous | None = None
 
     def _read_params(self) -> CostParams:
         """Rank 0 reads the calibration file and broadcasts it (``MPI_Bcast``), so a file
@@ -120,9 +123,10 @@ class Group:
         """The torch.distributed process group of this group (made on first use,
         collectively over ``comm``)."""
         if backend not in self._torch:
-            from hpctrain.comm.torchdist import process_group
-
-            self._torch[backend] = process_group(self.comm, backend, self.layout.nodes == 1)
+            if self._rendezvous is None:
+                self._rendezvous = Rendezvous(self.comm)
+            self._torch[backend] = self._rendezvous.process_group(
+                f"comm-{backend}", self.rank, self.size, backend)
         return self._torch[backend]
 
     def free(self) -> None:
@@ -134,6 +138,7 @@ class Group:
             self._arena.free()
             self._arena = None
         self._torch.clear()
+        self._rendezvous = None
         comms = [self.cross, self.node, self.comm]
         if self.node is not self._physical:
             comms.append(self._physical)

@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from hpctrain.comm import ring, shm
-from hpctrain.comm.types import OP_KERNEL, Algorithm, Cost, CostParams, Layout, Request
+from hpctrain.comm import ring, shm, window
+from hpctrain.comm.algorithm import Algorithm
+from hpctrain.comm.types import OP_KERNEL, Cost, CostParams, Layout, Request
 
 if TYPE_CHECKING:
     from hpctrain.comm.group import Group
@@ -55,9 +56,9 @@ class Hierarchical(Algorithm):
 
         resident = group.resident_of(arr) if req.resident else None
         if resident is not None:
-            shm.allreduce_resident(arr, resident, op, kind, between=across)
+            window.allreduce_resident(arr, resident, op, kind, between=across)
         else:
-            shm.allreduce_slices(arr, group.arena(req.nbytes), op, kind, between=across)
+            window.allreduce_slices(arr, group.arena(req.nbytes), op, kind, between=across)
 
 
 HIERARCHICAL = Hierarchical()

@@ -4,15 +4,13 @@ As in Horovod's ``OperationManager``, candidates are walked in order and the one
 predicate accepts the request are considered; ``auto`` runs the one with the lowest
 predicted :class:`~hpctrain.comm.types.Cost` (the earlier one on a tie). A named
 algorithm is run as asked, or refused with a :class:`~hpctrain.errors.CommError` that says
-why. Cost parameters come from a calibration file (``hpctrain bench calibrate``) or the
+why. Cost parameters come from a calibration file (:mod:`hpctrain.comm.calibration`) or the
 built-in defaults.
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
+from hpctrain.comm.algorithm import Algorithm
 from hpctrain.comm.hierarchical import HIERARCHICAL
 from hpctrain.comm.native import NATIVE
 from hpctrain.comm.recursive import HALVING_DOUBLING, RECURSIVE_DOUBLING
@@ -20,17 +18,15 @@ from hpctrain.comm.ring import RING
 from hpctrain.comm.shm import SHM
 from hpctrain.comm.torchdist import TORCH
 from hpctrain.comm.tree import TREE
-from hpctrain.comm.types import Algorithm, Cost, CostParams, Layout, Request
+from hpctrain.comm.types import Cost, CostParams, Layout, Request
 from hpctrain.errors import CommError
 
-__all__ = ["CANDIDATES", "ALGORITHMS", "choose", "ranking", "read_params", "write_params",
-           "CALIBRATION_FORMAT"]
+__all__ = ["CANDIDATES", "ALGORITHMS", "choose", "ranking"]
 
 CANDIDATES: tuple[Algorithm, ...] = (SHM, HIERARCHICAL, RECURSIVE_DOUBLING, HALVING_DOUBLING,
                                      RING, TREE, NATIVE, TORCH)
 ALGORITHMS = ("auto", *(a.name for a in CANDIDATES))
 _BY_NAME = {a.name: a for a in CANDIDATES}
-CALIBRATION_FORMAT = "hpctrain-comm-calibration"
 
 
 def ranking(req: Request, layout: Layout, params: CostParams) -> list[tuple[Algorithm, Cost]]:
@@ -66,29 +62,3 @@ def _why(algo: Algorithm, req: Request, layout: Layout) -> str:
     if algo.name == "hierarchical":
         return " (hierarchical needs two or more nodes of equal size)"
     return ""
-
-
-def read_params(path: str | Path) -> CostParams:
-    """Cost parameters from a calibration file; :class:`CommError` naming the file if it
-    cannot be used."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise CommError(f"{path}: cannot read the calibration file ({exc.strerror})") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CommError(f"{path}: not a calibration file (invalid JSON: {exc})") from None
-    if not isinstance(data, dict) or data.get("format") != CALIBRATION_FORMAT or \
-            not isinstance(data.get("params"), dict):
-        raise CommError(f"{path}: not a calibration file (expected format = "
-                        f"{CALIBRATION_FORMAT!r} and a params table)")
-    return CostParams.from_dict(data["params"], str(path))
-
-
-def write_params(path: str | Path, params: CostParams, facts: dict[str, object]) -> None:
-    """Write ``params`` (and how they were measured) atomically as a calibration file."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"format": CALIBRATION_FORMAT, "version": 1, **facts,
-                               "params": params.to_dict()}, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(path)

@@ -1,306 +1,33 @@
-"""Collectives inside a node through an MPI-3 shared window (``Win.Allocate_shared``).
+"""Collectives inside a node through the node's shared window (:mod:`hpctrain.comm.window`).
 
 Every rank of the node communicator maps the same memory, so a collective is loads and
-stores plus flag synchronisation; no message passes through MPI.
-
-Window layout: rank ``k`` owns the chunk at ``k * chunk`` bytes: ``slots`` flag lines of
-64 bytes, then ``rows`` rows of ``row_bytes``. Synchronisation protocol, per slot:
-
-1. a rank finishes its stores, issues ``MPI_Win_sync`` (a memory barrier in the unified
-   model) and stores the slot's next value into its own flag line;
-2. it waits until every rank's flag in that slot has reached the value (polling a while,
-   then yielding the core; when ranks outnumber cores it yields at once, so the late rank
-   gets to run), then ``MPI_Win_sync`` again before it loads what the others stored.
-
-Flags only grow and every rank passes the same values in the same order, so no reset is
-needed. The scratch arena keeps two halves and alternates them between calls: a rank
-writes a half again only after every rank has announced the call in between, that is,
-after every rank finished reading that half (:meth:`Window.next_half` says when a call
-may keep the same half). Resident buffers (:meth:`Window.buffer`) are
-rows the caller fills in place (the trainer's fused gradients), so an allreduce of one
-needs no copy in or out.
-
-Allreduce has two paths: latency-bound buffers are copied in and every rank reduces the
-whole buffer (one synchronisation); larger ones are split in ``p`` slices, rank ``r``
-reduces slice ``r`` over all rows and publishes it, and every rank copies the others'
-slices out (two synchronisations, ``2 (p-1)/p`` copies, the reduction spread over all
-cores).
+stores plus flag synchronisation; no message passes through MPI. Allreduce takes the
+one-synchronisation path below :func:`small_limit` bytes and the sliced (or, for resident
+buffers, in-place) path above it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
-from mpi4py import MPI
 
 from hpctrain.comm import kernels
-from hpctrain.comm.types import (
-    OP_KERNEL,
-    Algorithm,
-    Cost,
-    CostParams,
-    Layout,
-    Request,
-    chunk_bounds,
+from hpctrain.comm.algorithm import Algorithm
+from hpctrain.comm.types import OP_KERNEL, Cost, CostParams, Layout, Request, chunk_bounds
+from hpctrain.comm.window import (
+    Window,
+    allreduce_resident,
+    allreduce_slices,
+    allreduce_small,
 )
 
 if TYPE_CHECKING:
     from hpctrain.comm.group import Group
 
-__all__ = ["Window", "Resident", "Shm", "SHM", "allreduce_small", "allreduce_slices",
-           "allreduce_resident", "ResidentAllreduce", "complete", "sync_cost", "small_limit"]
-
-_LINE = 64
-Between = Callable[[np.ndarray], None]
-
-
-def _round_up(n: int, to: int) -> int:
-    return -(-n // to) * to
-
-
-class Window:
-    """A shared window over the node communicator ``comm`` (collective to create/free)."""
-
-    def __init__(self, comm: MPI.Intracomm, row_bytes: int, rows: int = 1,
-                 slots: int = 1, spin: int = 0) -> None:
-        self.comm = comm
-        self.spin = spin  # polls before yielding the core (0 when ranks outnumber cores)
-        self.size, self.rank = comm.Get_size(), comm.Get_rank()
-        self.row_bytes = _round_up(max(row_bytes, _LINE), _LINE)
-        self.slots, self.rows = slots, rows
-        self.head = slots * _LINE
-        self.chunk = self.head + rows * self.row_bytes
-        total = self.size * self.chunk
-        # One allocation on local rank 0 keeps the rows contiguous with a fixed stride;
-        # pages land on the NUMA node of the rank that first touches them (its own row).
-        self.win = MPI.Win.Allocate_shared(total if self.rank == 0 else 0, 1, comm=comm)
-        buf, _ = self.win.Shared_query(0)
-        self.mem = np.frombuffer(buf, dtype=np.uint8, count=total)
-        words = self.mem.view(np.int64)
-        self._flags = [words[s * 8:: self.chunk // 8][: self.size] for s in range(slots)]
-        self._values = [0] * slots
-        self._views: dict[tuple[int, int, int], np.ndarray] = {}
-        self._last: tuple[int, ...] | None = None
-        self.calls = 0
-        self.win.Lock_all(MPI.MODE_NOCHECK)
-        for flags in self._flags:
-            flags[self.rank] = 0
-        comm.Barrier()
-
-    # -- memory ----------------------------------------------------------------------------
-
-    def row(self, k: int, half: int, dtype: np.dtype, count: int) -> np.ndarray:
-        key = (k, half, dtype.num)
-        full = self._views.get(key)
-        if full is None:
-            start = k * self.chunk + self.head + half * self.row_bytes
-            full = self._views[key] = self.mem[start: start + self.row_bytes].view(dtype)
-        return full[:count]
-
-    def flat(self, half: int, dtype: np.dtype) -> tuple[np.ndarray, int]:
-        """All rows ``half`` as one array and the row stride in elements (for kernels)."""
-        key = (-1, half, dtype.num)
-        full = self._views.get(key)
-        if full is None:
-            full = self._views[key] = self.mem[self.head + half * self.row_bytes:].view(dtype)
-        return full, self.chunk // dtype.itemsize
-
-    def contains(self, arr: np.ndarray) -> int | None:
-        """Element offset of ``arr`` in this rank's row 0, or ``None`` if it lies elsewhere."""
-        address = arr.__array_interface__["data"][0]
-        start = self.mem.__array_interface__["data"][0] + self.rank * self.chunk + self.head
-        offset = address - start
-        if offset >= 0 and offset + arr.nbytes <= self.row_bytes and \
-                offset % arr.itemsize == 0:
-            return offset // arr.itemsize
-        return None
-
-    # -- synchronisation -------------------------------------------------------------------
-
-    def next_value(self, slot: int = 0) -> int:
-        self._values[slot] += 1
-        return self._values[slot]
-
-    def publish(self, value: int, slot: int = 0) -> None:
-        self.win.Sync()
-        self._flags[slot][self.rank] = value
-
-    def reached(self, value: int, slot: int = 0) -> bool:
-        if min(self._flags[slot].tolist()) >= value:  # tolist: far cheaper than .min()
-            self.win.Sync()
-            return True
-        return False
-
-    def wait(self, value: int, slot: int = 0) -> None:
-        flags = self._flags[slot]
-        spins = self.spin
-        while min(flags.tolist()) < value:
-            if spins:
-                spins -= 1
-            else:
-                os.sched_yield()
-        self.win.Sync()
-
-    def sync(self, slot: int = 0) -> None:
-        """Every rank of the node has finished its stores before this point."""
-        value = self.next_value(slot)
-        self.publish(value, slot)
-        self.wait(value, slot)
-
-    def next_half(self, repeat: tuple[int, ...] | None = None) -> int:
-        """The half this call uses: the other one than last time, unless the call is a
-        two-synchronisation slice allreduce with the same slicing as the previous call
-        (``repeat``). That one may reuse the half: while it copies in, others can still
-        be copying out only its own slice, which it does not write before the first
-        synchronisation. Keeping one half halves the memory a loop of equal calls runs
-        through."""
-        if repeat is None or repeat != self._last:
-            self.calls += 1
-        self._last = repeat
-        return self.calls % self.rows
-
-    def free(self) -> None:
-        self.win.Unlock_all()
-        self.win.Free()
-
-
-class Resident:
-    """A buffer of ``count`` elements living in this rank's row of a shared window.
-
-    ``array`` is the caller's buffer; an allreduce of it (or of a slice of it) through
-    :class:`Shm` or the hierarchical algorithm reduces in place with no copies. Slot 0
-    serves blocking calls; slots ``1..slots`` serve nonblocking ones (one per bucket).
-    """
-
-    def __init__(self, comm: MPI.Intracomm, count: int, dtype: np.dtype, slots: int = 0,
-                 spin: int = 0) -> None:
-        self.window = Window(comm, count * dtype.itemsize, rows=1, slots=1 + slots, spin=spin)
-        self.array = self.window.row(self.window.rank, 0, dtype, count)
-        self.array[:] = 0
-
-    def free(self) -> None:
-        self.window.free()
-
-
-def allreduce_small(arr: np.ndarray, arena: Window, op: int, kind: int) -> None:
-    """Copy in, one synchronisation, every rank reduces the whole buffer."""
-    half = arena.next_half()
-    arena.row(arena.rank, half, arr.dtype, arr.size)[:] = arr
-    arena.sync()
-    flat, stride = arena.flat(half, arr.dtype)
-    kernels.reduce_slice(flat, stride, arena.size, arena.rank, arr, 0, arr.size, 0, op, kind)
-
-
-def allreduce_slices(arr: np.ndarray, arena: Window, op: int, kind: int,
-                     between: Between | None = None) -> None:
-    """Slice path through the scratch arena; ``between`` (the hierarchical algorithm's
-    inter-node step) runs on this rank's reduced slice before it is published."""
-    p, r = arena.size, arena.rank
-    b = chunk_bounds(arr.size, p)
-    lo, hi = b[r], b[r + 1]
-    half = arena.next_half(repeat=(arr.size, arr.itemsize))
-    row = arena.row(r, half, arr.dtype, arr.size)
-    row[:lo] = arr[:lo]
-    row[hi:] = arr[hi:]
-    arena.sync()
-    flat, stride = arena.flat(half, arr.dtype)
-    if between is None:
-        kernels.reduce_slice(flat, stride, p, r, arr, lo, hi, 1, op, kind)
-    else:
-        kernels.reduce_slice(flat, stride, p, r, arr, lo, hi, 0, op, kind)
-        between(arr[lo:hi])
-        row[lo:hi] = arr[lo:hi]
-    arena.sync()
-    for k in range(p):
-        if k != r:
-            arr[b[k]:b[k + 1]] = flat[k * stride + b[k]: k * stride + b[k + 1]]
-
-
-class ResidentAllreduce:
-    """A nonblocking allreduce of ``arr``, a slice of a :class:`Resident` row, on ``slot``.
-
-    :meth:`start` announces the slice; :meth:`test` advances without blocking (reduce this
-    rank's part once every rank has announced, then announce the result) and tells whether
-    the whole slice is final; :meth:`wait` blocks until it is. The fused-gradient buckets
-    call ``test`` from later gradient hooks, so the reduction overlaps backward, and start
-    the same object again every step.
-    """
-
-    def __init__(self, arr: np.ndarray, resident: Resident, slot: int, op: int, kind: int,
-                 between: Between | None = None) -> None:
-        win = resident.window
-        offset = win.contains(arr)
-        if offset is None:
-            raise ValueError("buffer is not in this rank's resident row")
-        self.win, self.slot, self.op, self.kind, self.between = win, slot, op, kind, between
-        b = chunk_bounds(arr.size, win.size)
-        self.lo, self.hi = offset + b[win.rank], offset + b[win.rank + 1]
-        self.row = win.row(win.rank, 0, arr.dtype, win.row_bytes // arr.itemsize)
-        self.dtype = arr.dtype
-        self.stage = 0
-
-    def start(self) -> ResidentAllreduce:
-        self.announced = self.win.next_value(self.slot)
-        self.win.publish(self.announced, self.slot)
-        self.stage = 1
-        return self
-
-    def _reduce(self) -> None:
-        win, lo, hi = self.win, self.lo, self.hi
-        flat, stride = win.flat(0, self.dtype)
-        if self.between is None:
-            kernels.reduce_slice(flat, stride, win.size, win.rank, self.row, lo, hi, 2,
-                                 self.op, self.kind)
-        else:
-            kernels.reduce_slice(flat, stride, win.size, win.rank, self.row, lo, hi, 0,
-                                 self.op, self.kind)
-            self.between(self.row[lo:hi])
-            for k in range(win.size):
-                if k != win.rank:
-                    flat[k * stride + lo: k * stride + hi] = self.row[lo:hi]
-        self.done_value = win.next_value(self.slot)
-        win.publish(self.done_value, self.slot)
-        self.stage = 2
-
-    def test(self) -> bool:
-        if self.stage == 1 and self.win.reached(self.announced, self.slot):
-            self._reduce()
-        if self.stage == 2 and self.win.reached(self.done_value, self.slot):
-            self.stage = 3
-        return self.stage == 3
-
-    def wait(self) -> None:
-        if self.stage == 1:
-            self.win.wait(self.announced, self.slot)
-            self._reduce()
-        if self.stage == 2:
-            self.win.wait(self.done_value, self.slot)
-            self.stage = 3
-
-
-def complete(ops: list[ResidentAllreduce]) -> None:
-    """Advance all ``ops`` together until every one is final, so their synchronisations
-    overlap instead of adding up (only for ops without an inter-node step, whose messages
-    must keep their order)."""
-    spins = ops[0].win.spin if ops else 0
-    while ops:
-        left = [op for op in ops if not op.test()]
-        if len(left) == len(ops):
-            if spins:
-                spins -= 1
-            else:
-                os.sched_yield()
-        ops = left
-
-
-def allreduce_resident(arr: np.ndarray, resident: Resident, op: int, kind: int,
-                       between: Between | None = None) -> None:
-    """Blocking zero-copy allreduce of a slice of a resident row (slot 0)."""
-    ResidentAllreduce(arr, resident, 0, op, kind, between).start().wait()
+__all__ = ["Shm", "SHM", "sync_cost", "small_limit"]
 
 
 def small_limit(layout: Layout, params: CostParams) -> float:

@@ -1,31 +1,27 @@
 """torch.distributed as one more algorithm family: gloo on CPU, NCCL for CUDA tensors.
 
-The process group is built without ``init_process_group`` (no global default group): rank
-0 of ``group.comm`` opens a ``TCPStore`` on a free port and broadcasts its address over
-MPI (``MPI_Bcast``), every rank connects, and a ``ProcessGroupGloo`` (or
-``ProcessGroupNCCL``) is made on that store. This is the rendezvous: no environment
-variables, no second launcher. Collectives then run on the process group, not on MPI.
+The group's process group (:meth:`~hpctrain.comm.group.Group.torch_group`) comes from the
+toolkit's one rendezvous, :func:`hpctrain.runtime.torchdist.process_group`; collectives then
+run on the process group, not on MPI.
 """
 
 from __future__ import annotations
 
-import socket
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from hpctrain.comm.algorithm import Algorithm
 from hpctrain.comm.native import library_cost
-from hpctrain.comm.types import Algorithm, Cost, CostParams, Layout, Request
+from hpctrain.comm.types import Cost, CostParams, Layout, Request
 from hpctrain.errors import CommError
 
 if TYPE_CHECKING:
     from hpctrain.comm.group import Group
 
-__all__ = ["TorchDist", "TORCH", "available", "as_tensor", "process_group"]
+__all__ = ["TorchDist", "TORCH", "available", "as_tensor"]
 
-_TIMEOUT = timedelta(minutes=5)
 _TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
                  "bfloat16": torch.bfloat16, "int32": torch.int32, "int64": torch.int64}
 
@@ -37,27 +33,6 @@ def available(backend: str) -> bool:
         return False
     return dist.is_gloo_available() if backend == "gloo" else (
         dist.is_nccl_available() and torch.cuda.is_available())
-
-
-def process_group(comm: Any, backend: str, single_node: bool) -> Any:
-    """A ``backend`` process group over the ranks of the MPI communicator ``comm``
-    (collective: ``MPI_Bcast`` of the store's address, then the store's own handshake)."""
-    import torch.distributed as dist
-
-    rank, size = comm.Get_rank(), comm.Get_size()
-    store = None
-    address = None
-    if rank == 0:
-        host = "127.0.0.1" if single_node else socket.gethostname()
-        store = dist.TCPStore(host, 0, size, True, _TIMEOUT, wait_for_workers=False)
-        address = (host, store.port)
-    host, port = comm.bcast(address, root=0)
-    if store is None:
-        store = dist.TCPStore(host, port, size, False, _TIMEOUT)
-    store = dist.PrefixStore(f"hpctrain-{backend}", store)
-    if backend == "nccl":
-        return dist.ProcessGroupNCCL(store, rank, size)
-    return dist.ProcessGroupGloo(store, rank, size, _TIMEOUT)
 
 
 def as_tensor(arr: np.ndarray | torch.Tensor, dtype_name: str) -> torch.Tensor:

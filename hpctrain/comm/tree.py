@@ -16,7 +16,8 @@ import numpy as np
 from mpi4py import MPI
 
 from hpctrain.comm import kernels
-from hpctrain.comm.types import OP_KERNEL, Algorithm, Cost, CostParams, Layout, Request
+from hpctrain.comm.algorithm import Algorithm
+from hpctrain.comm.types import OP_KERNEL, Cost, CostParams, Layout, Request
 
 if TYPE_CHECKING:
     from hpctrain.comm.group import Group

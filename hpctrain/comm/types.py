@@ -1,20 +1,18 @@
 """Interfaces and small value types of the collective layer.
 
-An :class:`Algorithm` implements some primitives (allreduce, reduce_scatter, ...) and
-predicts their time with an alpha-beta-gamma :class:`Cost` from :class:`CostParams`
-(``hpctrain bench calibrate`` measures them). Implementations live in one module per family
-(``ring``, ``tree``, ``recursive``, ``shm``, ``hierarchical``, ``native``, ``torchdist``)
-and import these types; :mod:`hpctrain.comm.select` picks among them.
+Values only: element types, requests, the alpha-beta-gamma :class:`Cost` and its
+:class:`CostParams` (``hpctrain bench calibrate`` measures them), the group's
+:class:`Layout`. The :class:`~hpctrain.comm.algorithm.Algorithm` interface lives in its own
+module because its methods take a :class:`~hpctrain.comm.group.Group`, which is built from
+these values: keeping the two apart keeps the package's imports acyclic.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from abc import ABC, abstractmethod
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any
 
 import numpy as np
 
@@ -22,11 +20,8 @@ from hpctrain.comm import kernels
 from hpctrain.errors import CommError
 from hpctrain.runtime.topology import shard_range
 
-if TYPE_CHECKING:
-    from hpctrain.comm.group import Group
-
 __all__ = ["OPS", "DType", "DTYPES", "Cost", "Link", "CostParams", "Layout",
-           "Request", "Algorithm", "chunk_bounds"]
+           "Request", "chunk_bounds"]
 
 OPS = ("sum", "avg", "max", "min")
 OP_KERNEL = {"sum": kernels.SUM, "avg": kernels.SUM, "max": kernels.MAX, "min": kernels.MIN}
@@ -161,31 +156,6 @@ class Request:
     @property
     def nbytes(self) -> int:
         return self.count * self.dtype.itemsize
-
-
-class Algorithm(ABC):
-    """One family of collective algorithms. ``run`` is collective over ``group.comm`` (or
-    the sub-communicators the family documents) and works in place on ``arr``."""
-
-    name: ClassVar[str]
-    primitives: ClassVar[frozenset[str]]
-
-    def enabled(self, req: Request, layout: Layout) -> bool:
-        """Whether this family can serve ``req`` on ``layout`` (host memory by default)."""
-        return req.primitive in self.primitives and req.device == "cpu"
-
-    @abstractmethod
-    def cost(self, req: Request, layout: Layout, params: CostParams) -> Cost:
-        """Predicted time of ``req`` on ``layout``."""
-
-    @abstractmethod
-    def run(self, req: Request, arr: np.ndarray, group: Group) -> None:
-        """Perform ``req`` on the contiguous storage array ``arr`` (see :class:`DType`)."""
-
-    def bind(self, req: Request, group: Group) -> Callable[[np.ndarray], None]:
-        """``run`` for ``req`` on ``group`` as a one-argument callable; a family whose
-        per-call decisions depend only on ``req`` makes them here, once."""
-        return lambda arr: self.run(req, arr, group)
 
 
 @functools.lru_cache(maxsize=256)

@@ -61,3 +61,7 @@ class DataParallel:
 
     def zero(self) -> None:
         self.fused.zero()
+
+    def close(self) -> None:
+        """Stop the buckets' comm thread (the group stays its owner's to free)."""
+        self.fused.close()

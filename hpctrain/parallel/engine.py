@@ -19,7 +19,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from hpctrain.comm import Group
 from hpctrain.config import CommConfig
 from hpctrain.parallel.data import DataParallel
 from hpctrain.parallel.groups import ParallelGroups
@@ -37,8 +36,7 @@ class ParallelEngine:
                  device: torch.device, comm: CommConfig | None = None) -> None:
         self.stage, self.groups = stage, groups
         self.pipeline = PipelineStage(stage, groups.pipeline, schedule, device)
-        comm = comm or CommConfig()
-        self.dp = DataParallel(stage, Group(groups.data, comm), comm, extra=3)
+        self.dp = DataParallel(stage, groups.data_group, comm or CommConfig(), extra=3)
         self.device = device
 
     @property
@@ -81,3 +79,6 @@ class ParallelEngine:
 
     def zero_grad(self) -> None:
         self.dp.zero()
+
+    def close(self) -> None:
+        self.dp.close()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,6 +23,7 @@ from mpi4py import MPI
 from hpctrain.comm import Group as CommGroup
 from hpctrain.comm import allreduce
 from hpctrain.comm.native import allgatherv
+from hpctrain.comm.owner import Communicators
 from hpctrain.parallel.types import Group, Pending
 from hpctrain.runtime.world import GridComms
 
@@ -52,13 +54,12 @@ class _MPIRequest:
 
 
 class MPIGroup(Group):
-    """A group over an MPI communicator (rank = communicator rank)."""
+    """A group over the communicator of a collectives' :class:`~hpctrain.comm.Group`
+    (rank = communicator rank), which its owner built with the job's ``CommConfig``."""
 
-    def __init__(self, comm: MPI.Intracomm) -> None:
-        """Collective over ``comm`` (builds the collectives' :class:`~hpctrain.comm.Group`)."""
-        self.comm = comm
-        self.rank, self.size = comm.Get_rank(), comm.Get_size()
-        self.group = CommGroup(comm)
+    def __init__(self, group: CommGroup) -> None:
+        self.group, self.comm = group, group.comm
+        self.rank, self.size = group.rank, group.size
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """In-place allreduce by the toolkit's cheapest algorithm for the size."""
@@ -103,70 +104,98 @@ class MPIGroup(Group):
 
 
 class TorchGroup(Group):
-    """A torch.distributed group; ``ranks[i]`` is the torch rank of group rank ``i``.
+    """A torch.distributed process group (a gloo or NCCL backend made on the job's
+    :class:`~hpctrain.runtime.torchdist.Rendezvous`, not registered with a default group):
+    its own methods are called, with group ranks.
 
-    Construction is collective over the members: one ``all_reduce``, because torch asks that
-    a group's first call involve every member before it carries batched point-to-point
-    traffic (NCCL creates its communicator then).
+    Construction is collective over the members: one ``allreduce``, because a group's first
+    call must involve every member before it carries point-to-point traffic (NCCL creates
+    its communicator then).
     """
 
-    def __init__(self, group: dist.ProcessGroup, ranks: Sequence[int]) -> None:
-        self.group, self.ranks = group, list(ranks)
-        self.rank, self.size = self.ranks.index(dist.get_rank()), len(self.ranks)
-        nccl = dist.get_backend(group) == "nccl"
-        device = torch.device("cuda", torch.cuda.current_device()) if nccl else None
-        self.all_reduce(torch.zeros(1, device=device))
+    def __init__(self, group: Any, rank: int, size: int) -> None:
+        self.group, self.rank, self.size = group, rank, size
+        self.nccl = group.name() == "nccl"
+        self.device = torch.device("cuda", torch.cuda.current_device()) if self.nccl else None
+        self.all_reduce(torch.zeros(1, device=self.device))
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
-        """``all_reduce`` on the group, on the tensor's device."""
+        """``allreduce`` on the group, on the tensor's device."""
         if self.size > 1:
-            dist.all_reduce(tensor, op=_TORCH_OPS[op], group=self.group)
+            opts = dist.AllreduceOptions()
+            opts.reduceOp = _TORCH_OPS[op]
+            self.group.allreduce([tensor], opts).wait()
         return tensor
 
     def all_gather(self, tensor: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
-        """``all_gather`` of the last dimension padded to the largest share, then trimmed."""
+        """``allgather`` of the last dimension padded to the largest share, then trimmed."""
         if self.size == 1:
             return tensor
         width = max(sizes)
         padded = torch.nn.functional.pad(tensor.detach(), (0, width - tensor.shape[-1]))
         parts = [torch.empty_like(padded) for _ in range(self.size)]
-        dist.all_gather(parts, padded.contiguous(), group=self.group)
+        self.group.allgather([parts], [padded.contiguous()]).wait()
         return torch.cat([p[..., :n] for p, n in zip(parts, sizes, strict=True)], dim=-1)
 
     def broadcast(self, tensor: torch.Tensor, root: int) -> torch.Tensor:
         """``broadcast`` from group rank ``root``."""
         if self.size > 1:
-            dist.broadcast(tensor, src=self.ranks[root], group=self.group)
+            opts = dist.BroadcastOptions()
+            opts.rootRank = root
+            self.group.broadcast([tensor], opts).wait()
         return tensor
 
     def post(self, sends: Sequence[tuple[torch.Tensor, int]],
              recvs: Sequence[tuple[torch.Tensor, int]]) -> list[Pending]:
-        """One ``batch_isend_irecv`` (an NCCL group call on CUDA) of all transfers."""
-        ops = [dist.P2POp(dist.isend, t.detach().contiguous(), self.ranks[peer], self.group)
-               for t, peer in sends]
-        ops += [dist.P2POp(dist.irecv, t, self.ranks[peer], self.group) for t, peer in recvs]
-        return list(dist.batch_isend_irecv(ops)) if ops else []
+        """Every transfer as a ``send``/``recv`` of the group, coalesced into one NCCL group
+        call on CUDA (as ``batch_isend_irecv`` does)."""
+        if not sends and not recvs:
+            return []
+        coalesce = self.nccl and self.group.supports_coalescing
+        if coalesce:
+            self.group._start_coalescing(self.device)
+        works = [self.group.send([t.detach().contiguous()], peer, 0) for t, peer in sends]
+        works += [self.group.recv([t], peer, 0) for t, peer in recvs]
+        if coalesce:
+            return [self.group._end_coalescing(self.device)]
+        return works
 
 
 @dataclass
 class ParallelGroups:
     """This rank's groups on the three axes of the grid: tensor and pipeline traffic through
-    :class:`Group`, gradient averaging over the ``data`` MPI communicator."""
+    :class:`Group`, gradient averaging over ``data_group`` (the ``data`` communicator's
+    collectives). ``owned`` lists the collectives' groups made for them, given back to their
+    owner by :meth:`close`."""
 
     tensor: Group
     pipeline: Group
     data: MPI.Intracomm
+    data_group: CommGroup
+    owner: Communicators
+    owned: list[CommGroup]
+
+    def close(self) -> None:
+        """Free the collectives' groups (collective over each axis)."""
+        while self.owned:
+            self.owner.release(self.owned.pop())
 
 
-def parallel_groups(grid: GridComms) -> ParallelGroups:
-    """Groups of ``grid``: torch.distributed ones when the grid has them, else MPI.
-    Collective over the grid (see :class:`TorchGroup`)."""
+def parallel_groups(grid: GridComms, owner: Communicators) -> ParallelGroups:
+    """Groups of ``grid``: torch.distributed ones when the grid has them, else MPI, the
+    collectives' ones made by ``owner`` with the job's ``CommConfig``. Collective over the
+    grid (see :class:`TorchGroup`)."""
+    comms = grid.comms
+    data = owner.over(comms["data"])
     if grid.torch_groups is None:
-        return ParallelGroups(MPIGroup(grid.comms["tensor"]), MPIGroup(grid.comms["pipeline"]),
-                              grid.comms["data"])
+        tensor, pipeline = owner.over(comms["tensor"]), owner.over(comms["pipeline"])
+        return ParallelGroups(MPIGroup(tensor), MPIGroup(pipeline), comms["data"], data,
+                              owner, [data, tensor, pipeline])
     tg = grid.torch_groups
-    return ParallelGroups(TorchGroup(*tg["tensor"]), TorchGroup(*tg["pipeline"]),
-                          grid.comms["data"])
+    return ParallelGroups(
+        TorchGroup(tg["tensor"], comms["tensor"].Get_rank(), comms["tensor"].Get_size()),
+        TorchGroup(tg["pipeline"], comms["pipeline"].Get_rank(), comms["pipeline"].Get_size()),
+        comms["data"], data, owner, [data])
 
 
 def _host(tensor: torch.Tensor) -> np.ndarray:

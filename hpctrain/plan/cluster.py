@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hpctrain.comm.select import read_params
+from hpctrain.comm.calibration import read_params
 from hpctrain.comm.types import CostParams, Link
 from hpctrain.errors import ConfigError
 from hpctrain.plan.units import parse_quantity

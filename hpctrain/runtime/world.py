@@ -5,7 +5,8 @@ the library's messages never match a user's, splits off the node-local communica
 (``Split_type(COMM_TYPE_SHARED)``) and the role communicators (workers, servers), lays the
 workers out as the ``dp x tp x pp`` grid of :mod:`hpctrain.runtime.topology` with one
 communicator per axis (and, on the torch backend, the torch.distributed groups of the same
-ranks), picks the device and the torch thread count. Every rank-dependent choice elsewhere
+ranks, made on the workers' :class:`~hpctrain.runtime.torchdist.Rendezvous`), picks the
+device and the torch thread count. Every rank-dependent choice elsewhere
 reads this object.
 """
 
@@ -14,12 +15,14 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from mpi4py import MPI
 
-from hpctrain.config import JobConfig
+from hpctrain.config import CommConfig, JobConfig
 from hpctrain.errors import ConfigError
 from hpctrain.runtime import watchdog
 from hpctrain.runtime.topology import (
@@ -30,7 +33,7 @@ from hpctrain.runtime.topology import (
     place_grid,
     threads_per_rank,
 )
-from hpctrain.runtime.torchdist import TorchWorld
+from hpctrain.runtime.torchdist import Rendezvous
 
 __all__ = ["Topology", "GridComms", "build_topology", "build_grid", "available_cores"]
 
@@ -46,14 +49,14 @@ class GridComms:
 
     ``comms[axis]`` (``tensor``, ``pipeline``, ``data``) holds the ranks sharing the other
     two coordinates, ranked by the coordinate on ``axis``. ``torch_groups[axis]`` is the
-    torch.distributed group of the same ranks with their torch ranks in axis order, or
-    ``None`` on the MPI backend.
+    torch.distributed process group of the same ranks in the same order, or ``None`` on the
+    MPI backend.
     """
 
     grid: Grid
     position: int
     comms: dict[str, MPI.Intracomm]
-    torch_groups: dict[str, tuple[object, list[int]]] | None
+    torch_groups: dict[str, object] | None
     tensor_local: bool
 
     @property
@@ -64,6 +67,8 @@ class GridComms:
     def free(self) -> None:
         for comm in self.comms.values():
             comm.Free()
+        self.comms.clear()
+        self.torch_groups = None
 
 
 @dataclass
@@ -82,7 +87,10 @@ class Topology:
     grid: GridComms | None = None
     """The workers' ``dp x tp x pp`` grid (``None`` on servers)."""
     hostname: str = field(default_factory=socket.gethostname)
-    _torch: TorchWorld | None = field(default=None, repr=False)
+    comm_config: CommConfig = field(default_factory=CommConfig)
+    """The job's collectives settings, for every group built over these communicators."""
+    _kept: dict[str, Any] = field(default_factory=dict, repr=False)
+    _rendezvous: Rendezvous | None = field(default=None, repr=False)
 
     @property
     def rank(self) -> int:
@@ -117,18 +125,38 @@ class Topology:
         """Index among the workers (valid on workers only)."""
         return self.role_comm.Get_rank()
 
-    def torch_world(self) -> TorchWorld:
-        """torch.distributed over the workers; created on the first call, which is
-        collective over the workers (see :class:`TorchWorld`)."""
-        if self._torch is None:
-            self._torch = TorchWorld(self.role_comm, self.device)
-        return self._torch
+    @property
+    def torch_backend(self) -> str:
+        """The torch.distributed backend of this rank's device: NCCL on CUDA, else gloo."""
+        return "nccl" if self.device.type == "cuda" else "gloo"
+
+    def rendezvous(self) -> Rendezvous:
+        """The workers' torch.distributed store; created on the first call, which is
+        collective over the workers (see :class:`Rendezvous`)."""
+        if self._rendezvous is None:
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)
+            self._rendezvous = Rendezvous(self.role_comm)
+        return self._rendezvous
+
+    def keep(self, name: str, make: Callable[[], Any]) -> Any:
+        """The object kept under ``name``, made by ``make()`` on the first call: owners of
+        resources built over these communicators (the collectives' groups,
+        :mod:`hpctrain.comm.owner`, which ``runtime`` cannot import) live as long as the
+        Topology, and :meth:`free` closes them first."""
+        if name not in self._kept:
+            self._kept[name] = make()
+        return self._kept[name]
 
     def free(self) -> None:
+        """Close what :meth:`keep` holds (newest first), then free every communicator
+        (collective over the world)."""
+        for name in reversed(list(self._kept)):
+            self._kept.pop(name).close()
         if self.grid is not None:
             self.grid.free()
-        if self._torch is not None:
-            self._torch.close()
+        self.grid = None
+        self._rendezvous = None
         for comm in (self.role_comm, self.node, self.world):
             if comm != MPI.COMM_NULL:
                 comm.Free()
@@ -169,21 +197,23 @@ def build_topology(config: JobConfig, base: MPI.Intracomm | None = None) -> Topo
     device = _select_device(config.runtime.device, node.Get_rank())
     backend = par.backend if par.backend != "auto" else (
         "torch" if device.type == "cuda" else "mpi")
-    topo = Topology(world, node, role_comm, roles, device, threads, backend)
+    topo = Topology(world, node, role_comm, roles, device, threads, backend,
+                    comm_config=config.comm)
     if topo.is_worker:
         model_parallel = shape.tp * shape.pp > 1 and backend == "torch"
-        topo.grid = build_grid(role_comm, shape, topo.torch_world() if model_parallel else None)
+        topo.grid = build_grid(role_comm, shape, topo.rendezvous() if model_parallel else None,
+                               topo.torch_backend)
     return topo
 
 
-def build_grid(comm: MPI.Intracomm, grid: Grid,
-               torch_world: TorchWorld | None = None) -> GridComms | None:
+def build_grid(comm: MPI.Intracomm, grid: Grid, rendezvous: Rendezvous | None = None,
+               backend: str = "gloo") -> GridComms | None:
     """Lay the first ``grid.size`` ranks of ``comm`` out as ``grid`` (``None`` on the others).
 
     Collective over ``comm``: an ``MPI_Allgather`` of node labels (the lowest rank of each
     node, via ``Split_type`` and an ``MPI_Allreduce(MIN)`` on the node), three
-    ``MPI_Comm_split`` (one per axis) and, with ``torch_world`` (built over ``comm``), every
-    group's ``new_group`` in the same order on every rank.
+    ``MPI_Comm_split`` (one per axis) and, with ``rendezvous`` (made over ``comm``), one
+    ``backend`` process group per axis, made by its members in a fresh key scope.
     """
     if grid.size > comm.Get_size():
         raise ConfigError(f"parallel grid: dp = {grid.dp} x tp = {grid.tp} x pp = {grid.pp} "
@@ -198,23 +228,22 @@ def build_grid(comm: MPI.Intracomm, grid: Grid,
         log.warning("tensor groups of %d ranks span nodes: give every node a multiple of %d "
                     "workers to keep tensor-parallel traffic inside nodes", grid.tp, grid.tp)
     comms: dict[str, MPI.Intracomm] = {}
-    torch_groups: dict[str, tuple[object, list[int]]] = {}
+    torch_groups: dict[str, object] = {}
+    scope = rendezvous.scope() if rendezvous is not None else ""
     for axis in AXES:
         groups = {"tensor": grid.tensor_groups, "pipeline": grid.pipeline_groups,
                   "data": grid.data_groups}[axis]()
         color, key = MPI.UNDEFINED, 0
         for index, group in enumerate(groups):
-            ranks = [order[p] for p in group]
             if position in group:
                 color, key = index, group.index(position)
-            if torch_world is not None:
-                pg = torch_world.new_group(ranks)
-                if position in group:
-                    torch_groups[axis] = (pg, ranks)
+                if rendezvous is not None:
+                    torch_groups[axis] = rendezvous.process_group(
+                        f"{scope}/{axis}/{index}", key, len(group), backend)
         comms[axis] = comm.Split(color, key)
     if position is None:
         return None
-    return GridComms(grid, position, comms, torch_groups if torch_world else None, local)
+    return GridComms(grid, position, comms, torch_groups if rendezvous else None, local)
 
 
 def _check_fits(config: JobConfig, roles: Roles) -> None:

@@ -30,6 +30,7 @@ from embeddings.tables import LocalTables, TableLayout
 from embeddings.tiered import TieredStore, TieringStats
 from embeddings.types import EmbeddingStore
 from hpctrain.comm import Group
+from hpctrain.comm.owner import communicators
 from hpctrain.config import JobConfig
 from hpctrain.data import Dataset
 from hpctrain.models.dlrm import DLRM
@@ -78,6 +79,9 @@ class WorkerParts:
     """This worker's client and tiering counters for the summary (None where absent)."""
     servers: PSClient | None
     """The parameter servers' client, when the rows live there."""
+    group: Group | None
+    """The workers' group the engine and store share, released by the trainer when done
+    (None with tensor/pipeline parallelism, whose engine frees its own groups)."""
 
 
 def build_worker(config: JobConfig, topo: Topology, dataset: Dataset, layout: TableLayout,
@@ -95,7 +99,7 @@ def build_worker(config: JobConfig, topo: Topology, dataset: Dataset, layout: Ta
     guard.register(stats)
     torch.manual_seed(tc.seed)
     model = DLRM(config.model, len(layout.specs)).to(topo.device)
-    group = Group(comm, config.comm)
+    group = communicators(topo).workers()
     sparse = SparseOptimizer(tc.optimizer)
     client, store, tiered = None, None, None
     if job is None:
@@ -122,7 +126,8 @@ def build_worker(config: JobConfig, topo: Topology, dataset: Dataset, layout: Ta
     return WorkerParts(engine, store, EmbeddingCollection(layout, store, topo.device), guard,
                        job.layout if job else layout, job.plan.to_json() if job else "",
                        lambda: Counters(client.stats if client else None,
-                                        tiered.report() if tiered else None), client)
+                                        tiered.report() if tiered else None), client,
+                       group)
 
 
 def _restore(engine: DenseEngine, store: EmbeddingStore, manifest: ckpt.Manifest) -> None:
@@ -134,13 +139,13 @@ def _restore(engine: DenseEngine, store: EmbeddingStore, manifest: ckpt.Manifest
 def _grid_worker(config: JobConfig, topo: Topology, layout: TableLayout,
                  guard: NonFiniteGuard) -> WorkerParts:
     """Tensor/pipeline parallel: tables replicated over stage 0's data group."""
-    groups = parallel_groups(topo.grid)
+    groups = parallel_groups(topo.grid, communicators(topo))
     engine = GridDense(config, topo, groups, layout, guard)
     tc = config.train
     store = (ReplicatedTables(LocalTables(layout, SparseOptimizer(tc.optimizer), seed=tc.seed),
                               groups.data) if engine.stage == 0 else NoTables(layout.dim))
     return WorkerParts(engine, store, EmbeddingCollection(layout, store, topo.device), guard,
-                       layout, "", lambda: Counters(None, None), None)
+                       layout, "", lambda: Counters(None, None), None, None)
 
 
 def _tiered(config: JobConfig, topo: Topology, layout: TableLayout, client: PSClient,

@@ -96,3 +96,6 @@ class ReplicatedDense(LocalDense):
     def buckets(self) -> int:
         """Gradient buckets of the allreduce (the fused layout's size)."""
         return len(self.dp.fused.buckets)
+
+    def close(self) -> None:
+        self.dp.close()

@@ -88,6 +88,7 @@ class GridDense(DenseEngine):
         if self.stage == 0:
             mine = FirstStage(tensor_parallel_mlp(full.bottom, groups.tensor), full._pairs, mine)
         self.module = mine.to(topo.device)
+        self.groups = groups
         self.engine = ParallelEngine(self.module, groups, par.schedule, topo.device, config.comm)
         self.optimizer = DenseOptimizer(self.module.parameters(), tc.optimizer)
         self.scores_here = self.engine.last and self.shard == 0
@@ -147,6 +148,10 @@ class GridDense(DenseEngine):
 
     def buckets(self) -> int:
         return len(self.engine.dp.fused.buckets)
+
+    def close(self) -> None:
+        self.engine.close()
+        self.groups.close()
 
 
 class NoTables(EmbeddingStore):

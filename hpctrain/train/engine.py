@@ -100,5 +100,9 @@ class DenseEngine(ABC):
         """Buckets the gradients are allreduced in (0 where they are not)."""
         return 0
 
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Stop the engine's comm thread and free the groups it made (collective over
+        them)."""
+
     def tensor(self, array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(array).to(self.device)

@@ -31,6 +31,7 @@ from tqdm import tqdm
 
 from embeddings.tables import TableLayout
 from hpctrain.comm.native import gatherv
+from hpctrain.comm.owner import communicators
 from hpctrain.config import JobConfig
 from hpctrain.data import Batch, Dataset, open_dataset
 from hpctrain.data.sharding import batches_per_epoch, local_slice
@@ -341,8 +342,12 @@ class Trainer:
 
     def close(self) -> None:
         """Write cached rows back to where they live (the servers then hold the whole
-        model) and release the store (collective over the workers)."""
+        model), release the store and stop the engine, and free the groups they used
+        (collective over the workers)."""
         self.store.close()
+        self.engine.close()
+        if self.parts.group is not None:
+            communicators(self.topo).release(self.parts.group)
 
     def finish(self, summary: Summary) -> None:
         """Write the summary into the run directory (worker 0)."""

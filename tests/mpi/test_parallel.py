@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from mpi4py import MPI
 from torch import nn
 
+from hpctrain.comm.owner import communicators
 from hpctrain.config import load_config
 from hpctrain.parallel.cross_entropy import parallel_cross_entropy
 from hpctrain.parallel.engine import ParallelEngine
@@ -31,8 +32,8 @@ BACKENDS = ("mpi", "torch")
 TOL = {"rtol": 1e-5, "atol": 1e-6}
 
 
-def topology(backend, **grid):
-    config = load_config(overrides=[f"parallel.backend={backend!r}",
+def topology(backend, *overrides, **grid):
+    config = load_config(overrides=[f"parallel.backend={backend!r}", *overrides,
                                     *(f"parallel.{k}={v}" for k, v in grid.items())])
     return build_topology(config)
 
@@ -65,9 +66,12 @@ def assert_shard_grads(parallel: nn.Module, dense: nn.Module, tp_rank: int, tp: 
 @pytest.mark.mpi(ranks=(2,))
 def test_tensor_parallel_layers_equal_their_dense_counterparts():
     for backend in BACKENDS:
-        topo = topology(backend, tp=2)
-        group = parallel_groups(topo.grid).tensor
+        # the job's comm settings reach the tensor axis's collectives (ring: asked for)
+        topo = topology(backend, "comm.algorithm='ring'", tp=2)
+        group = parallel_groups(topo.grid, communicators(topo)).tensor
         assert isinstance(group, TorchGroup) == (backend == "torch")
+        if backend == "mpi":
+            assert group.group.config.algorithm == "ring"
         torch.manual_seed(3)
         x = torch.randn(7, 12)
 
@@ -149,7 +153,7 @@ def test_pipelines_equal_the_single_process_model(mpi_ranks):
             topo = topology(backend, **grid)
             d, s, t = topo.grid.coords
             shape = topo.grid.grid
-            groups = parallel_groups(topo.grid)
+            groups = parallel_groups(topo.grid, communicators(topo))
             lo, hi = shard_range(n, shape.dp, d)  # uneven replicas (13 / 12) and micro-batches
             sizes = micro_sizes(hi - lo, 4)
             inputs, loss = squared_error(x, y, lo, sizes)

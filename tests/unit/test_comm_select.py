@@ -9,9 +9,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hpctrain.comm import select
-from hpctrain.comm.bench import parse_sizes
-from hpctrain.comm.calibrate import fit
+from hpctrain.bench.allreduce import parse_sizes
+from hpctrain.comm import calibration, select
+from hpctrain.comm.calibration import fit
 from hpctrain.comm.collectives import as_storage
 from hpctrain.comm.shm import SHM, Shm, sync_cost
 from hpctrain.comm.types import DTYPES, Cost, CostParams, Layout, Link, Request, chunk_bounds
@@ -87,22 +87,22 @@ def test_config_offers_exactly_the_selectable_algorithms():
 def test_calibration_file_round_trip_and_errors(tmp_path):
     params = dataclasses.replace(CostParams(), gamma=1e-9, p2p=Link(7e-6, 3e-10))
     path = tmp_path / "cal.json"
-    select.write_params(path, params, {"ranks": 4})
-    back = select.read_params(path)
+    calibration.write_params(path, params, {"ranks": 4})
+    back = calibration.read_params(path)
     assert back == params and back.source == str(path)
     assert json.loads(path.read_text())["ranks"] == 4
     with pytest.raises(CommError, match="cannot read"):
-        select.read_params(tmp_path / "missing.json")
+        calibration.read_params(tmp_path / "missing.json")
     path.write_text("{nope")
     with pytest.raises(CommError, match="invalid JSON"):
-        select.read_params(path)
+        calibration.read_params(path)
     path.write_text(json.dumps({"format": "other", "params": {}}))
     with pytest.raises(CommError, match="not a calibration file"):
-        select.read_params(path)
-    path.write_text(json.dumps({"format": select.CALIBRATION_FORMAT,
+        calibration.read_params(path)
+    path.write_text(json.dumps({"format": calibration.CALIBRATION_FORMAT,
                                 "params": {"p2p": {"alpha": "x"}}}))
     with pytest.raises(CommError, match=r"params.p2p must be \{alpha, beta\}"):
-        select.read_params(path)
+        calibration.read_params(path)
 
 
 def test_fit_recovers_alpha_and_beta():

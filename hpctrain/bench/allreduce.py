@@ -15,7 +15,6 @@ none of this package's dispatch.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -26,6 +25,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from hpctrain.bench import report
 from hpctrain.comm import kernels, select
 from hpctrain.comm.collectives import allreduce
 from hpctrain.comm.fusion import FusedGradients
@@ -34,7 +34,7 @@ from hpctrain.comm.types import DTYPES, Request
 from hpctrain.errors import CommError
 
 __all__ = ["Row", "parse_sizes", "memcpy_bandwidth", "sweep", "fusion_ratio", "format_table",
-           "write_json", "plot", "time_collective", "run_allreduce"]
+           "plot", "time_collective", "run_allreduce"]
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20,
           "mb": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
@@ -229,53 +229,26 @@ def _seconds(t: float) -> str:
 
 def format_table(rows: Sequence[Row], header: str) -> str:
     """The sweep as a text table, one block per size."""
-    out = [header, f"{'size':>9}  {'algorithm':<26}{'median':>12}{'algbw GB/s':>12}"
-                   f"{'busbw GB/s':>12}{'of memcpy':>11}{'x native':>10}{'best':>7}"]
-    last = None
+    cells, last = [], None
     for r in rows:
-        name = f"{r.algorithm} ({r.selected})" if r.selected else r.algorithm
-        size = _human(r.size_bytes) if r.size_bytes != last else ""
+        cells.append([_human(r.size_bytes) if r.size_bytes != last else "",
+                      f"{r.algorithm} ({r.selected})" if r.selected else r.algorithm,
+                      _seconds(r.median_s).strip(), f"{r.algbw_gbs:.3f}", f"{r.busbw_gbs:.3f}",
+                      f"{r.memcpy_fraction:.1%}", f"{r.ratio_to_native:.2f}",
+                      f"{r.best_ratio_to_native:.2f}"])
         last = r.size_bytes
-        out.append(f"{size:>9}  {name:<26}{_seconds(r.median_s):>12}{r.algbw_gbs:12.3f}"
-                   f"{r.busbw_gbs:12.3f}{r.memcpy_fraction:10.1%}{r.ratio_to_native:10.2f}"
-                   f"{r.best_ratio_to_native:7.2f}")
-    return "\n".join(out)
-
-
-def write_json(path: str | Path, rows: Sequence[Row], meta: dict[str, object]) -> None:
-    """``{meta..., "rows": [...]}``, written to a temporary file and renamed."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({**meta, "rows": [asdict(r) for r in rows]}, indent=1) + "\n",
-                   encoding="utf-8")
-    tmp.replace(path)
+    return header + "\n" + report.format_table(
+        ["size", "algorithm", "median", "algbw GB/s", "busbw GB/s", "of memcpy", "x native",
+         "best"], cells, left=2)
 
 
 def plot(path: str | Path, rows: Sequence[Row], title: str, memcpy_gbs: float) -> None:
     """Bus bandwidth against message size, one line per case (PNG)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for name in dict.fromkeys(r.algorithm for r in rows):
-        pts = [(r.size_bytes, r.busbw_gbs) for r in rows if r.algorithm == name]
-        ax.plot(*zip(*pts, strict=True), marker="o", markersize=3, label=name,
-                linewidth=2.5 if name in ("auto", "native") else 1.2)
-    if memcpy_gbs:
-        ax.axhline(memcpy_gbs, color="grey", linestyle="--", linewidth=1,
-                   label="memcpy, 1 core")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("message size (bytes)")
-    ax.set_ylabel("bus bandwidth (GB/s)")
-    ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    series = {name: [(r.size_bytes, r.busbw_gbs) for r in rows if r.algorithm == name]
+              for name in dict.fromkeys(r.algorithm for r in rows)}
+    report.line_plot(path, series, title, "message size (bytes)", "bus bandwidth (GB/s)",
+                     log_x=True, log_y=True, bold=("auto", "native"),
+                     hlines=[(memcpy_gbs, "memcpy, 1 core")] if memcpy_gbs else ())
 
 
 def run_allreduce(group: Group, sizes: Sequence[int], algorithms: Sequence[str], reps: int,
@@ -313,7 +286,7 @@ def run_allreduce(group: Group, sizes: Sequence[int], algorithms: Sequence[str],
                  f"{_human(bucket)}: {_seconds(fused).strip()}, one pre-joined 3.125 MiB "
                  f"allreduce: {_seconds(joined).strip()}, ratio {fused / joined:.2f}")
     if lead and json_path:
-        write_json(json_path, rows, meta)
+        report.write_json(json_path, {**meta, "rows": [asdict(r) for r in rows]})
         echo(f"wrote {json_path}")
     if lead and plot_path:
         plot(plot_path, rows, f"allreduce, {layout.size} ranks ({dtype})", memcpy / 1e9)

@@ -16,40 +16,32 @@ dearest per byte is kept), so the model holds at both ends of the size range:
   ``alpha * ceil(log2 p) + beta * 2 (p-1)/p * bytes``.
 
 Calibrated on an oversubscribed node, the latencies already include the waiting for
-descheduled ranks, so ``oversubscribed`` is written as 1 (no further scaling).
+descheduled ranks, so ``oversubscribed`` is written as 1 (no further scaling). The fit of
+a link from measured points, like the file's format, belongs to the cost model
+(:mod:`hpctrain.comm.calibration`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import numpy as np
 from mpi4py import MPI
 
+from hpctrain.bench.allreduce import time_collective
 from hpctrain.comm import kernels, torchdist
-from hpctrain.comm.bench import time_collective
+from hpctrain.comm.calibration import fit, write_params
 from hpctrain.comm.collectives import allreduce
 from hpctrain.comm.group import Group
-from hpctrain.comm.select import write_params
-from hpctrain.comm.shm import Window
 from hpctrain.comm.types import CostParams, Link
+from hpctrain.comm.window import Window
 
-__all__ = ["calibrate", "fit", "run_calibrate"]
+__all__ = ["calibrate", "run_calibrate"]
 
 _REPS = 7
 _LARGE = 16 << 20
 _SIZES = (256 << 10, 2 << 20, _LARGE)
-
-
-def fit(small: tuple[float, float], large: Sequence[tuple[float, float]],
-        latency_weight: float = 1.0) -> Link:
-    """``alpha * latency_weight + beta * x`` from measured ``(x, seconds)`` points: alpha
-    from the tiny message, beta the largest per-byte cost among the large ones (protocol
-    switches make mid sizes dearer per byte than the largest)."""
-    x0, t0 = small
-    beta = max(max((t - t0) / (x - x0) for x, t in large), 1e-13)
-    return Link(max((t0 - beta * x0) / latency_weight, 1e-8), beta)
 
 
 def _best(comm: MPI.Intracomm, fn: Callable[[], object], calls: int) -> float:

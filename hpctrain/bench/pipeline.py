@@ -25,17 +25,16 @@ Three bubbles (idle share of the makespan, averaged over stages) come out of eac
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 from mpi4py import MPI
 from torch import nn
 
+from hpctrain.bench import report
+from hpctrain.comm.owner import Communicators, communicators
 from hpctrain.errors import ConfigError
 from hpctrain.parallel.groups import parallel_groups
 from hpctrain.parallel.pipeline import PipelineStage, Traced
@@ -58,6 +57,9 @@ class PipelineRow:
     ideal: float
     peak_held: int
     step_ms: float
+    stage_s: tuple[tuple[float, float], ...] = ()
+    """Per stage, the least CPU seconds of a forward and of a backward: the costs
+    ``bubble`` is modelled with."""
 
 
 @dataclass(frozen=True)
@@ -89,18 +91,19 @@ class PipelineBench:
     def run(self, topo: Topology) -> list[PipelineRow] | None:
         """Every row on worker 0, ``None`` elsewhere; collective over the workers."""
         self.check(topo.workers)
-        torch_world = topo.torch_world() if topo.backend == "torch" else None
+        rendezvous = topo.rendezvous() if topo.backend == "torch" else None
         rows: list[PipelineRow] = []
         for p in self.stages:
-            grid = build_grid(topo.role_comm, Grid(1, 1, p), torch_world)
+            grid = build_grid(topo.role_comm, Grid(1, 1, p), rendezvous, topo.torch_backend)
             if grid is not None:
-                rows += self._stage_rows(p, grid, topo.device)
+                rows += self._stage_rows(p, grid, topo.device, communicators(topo))
                 grid.free()
             _sleeping_barrier(topo.role_comm)
         return rows if topo.worker_rank == 0 else None
 
-    def _stage_rows(self, p: int, grid: GridComms, device: torch.device) -> list[PipelineRow]:
-        groups = parallel_groups(grid)
+    def _stage_rows(self, p: int, grid: GridComms, device: torch.device,
+                    owner: Communicators) -> list[PipelineRow]:
+        groups = parallel_groups(grid, owner)
         comm = grid.comms["pipeline"]
         torch.manual_seed(0)
         model = nn.Sequential(*(m for _ in range(self.layers)
@@ -125,6 +128,7 @@ class PipelineBench:
                                                  stage.peak_held), root=0))
                 if comm.Get_rank() == 0:
                     rows.append(_row(schedule, p, m, runs))
+        groups.close()
         return rows
 
 
@@ -155,7 +159,8 @@ def _row(schedule: str, p: int, m: int,
     return PipelineRow(schedule, p, m, statistics.median(modelled),
                        statistics.median(jittered), statistics.median(wall),
                        ideal_bubble(p, m), max(held for run in runs for _, held in run),
-                       1e3 * statistics.median(makespans))
+                       1e3 * statistics.median(makespans),
+                       tuple((least[(s, "F")], least[(s, "B")]) for s in range(p)))
 
 
 def _sleeping_barrier(comm: MPI.Intracomm) -> None:
@@ -166,24 +171,18 @@ def _sleeping_barrier(comm: MPI.Intracomm) -> None:
 
 
 def format_rows(rows: list[PipelineRow]) -> str:
-    lines = [f"{'schedule':<8} {'p':>2} {'m':>3}  {'bubble':>7} {'(p-1)/(m+p-1)':>13} "
-             f"{'diff':>6}  {'jittered':>8} {'wall':>7}  {'peak held':>9}  {'step ms':>8}"]
-    for r in rows:
-        lines.append(f"{r.schedule:<8} {r.p:>2} {r.m:>3}  {r.bubble:>7.1%} {r.ideal:>13.1%} "
-                     f"{100 * (r.bubble - r.ideal):>+5.1f}p  {r.jittered:>8.1%} "
-                     f"{r.wall:>7.1%}  {r.peak_held:>9}  {r.step_ms:>8.1f}")
-    return "\n".join(lines)
+    return report.format_table(
+        ["schedule", "p", "m", "bubble", "(p-1)/(m+p-1)", "diff", "jittered", "wall",
+         "peak held", "step ms"],
+        [[r.schedule, str(r.p), str(r.m), f"{r.bubble:.1%}", f"{r.ideal:.1%}",
+          f"{100 * (r.bubble - r.ideal):+.1f}p", f"{r.jittered:.1%}", f"{r.wall:.1%}",
+          str(r.peak_held), f"{r.step_ms:.1f}"] for r in rows], left=1)
 
 
 def write_json(path: str, rows: list[PipelineRow], bench: PipelineBench,
                topo: Topology) -> None:
-    """The rows and the setup as JSON, written to a temporary file and renamed."""
-    doc = {"bench": "pipeline", "setup": {**asdict(bench), "workers": topo.workers,
-                                          "cores": available_cores(),
-                                          "backend": topo.backend,
-                                          "device": str(topo.device)},
-           "rows": [asdict(r) for r in rows]}
-    target = Path(path)
-    tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    tmp.replace(target)
+    """The rows and the setup as JSON (:func:`hpctrain.bench.report.write_json`)."""
+    report.write_json(path, {"bench": "pipeline", "setup": {
+        **asdict(bench), "workers": topo.workers, "cores": available_cores(),
+        "backend": topo.backend, "device": str(topo.device)},
+        "rows": [asdict(r) for r in rows]})
