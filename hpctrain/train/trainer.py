@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from embeddings.alltoall import ShardedTables
 from embeddings.collection import EmbeddingCollection, Lookup
 from embeddings.hotcold import hot_capacity, hot_row_bytes
 from embeddings.optim import SparseOptimizer
@@ -64,7 +65,7 @@ from hpctrain.sync.models import table_models
 from hpctrain.sync.stragglers import Stragglers
 from hpctrain.sync.types import SyncModel
 from hpctrain.train import checkpoint as ckpt
-from hpctrain.train import checkpointing, metrics
+from hpctrain.train import checkpointing, metrics, sharded
 from hpctrain.train.dense_ps import DenseOnServers, with_dense_table
 from hpctrain.train.model_parallel import ModelParallelDLRM, wants_model_parallel
 from hpctrain.train.nonfinite import NonFiniteGuard, finite_samples
@@ -259,6 +260,8 @@ class Trainer:
                     self.dense_ps.place_initial(self.comm)
             self.tiered = self._tiered(sparse, models)
             self.store = self.tiered or self.client
+        elif config.embeddings.layout(config.ps.servers) == "alltoall":
+            self.store = sharded.sharded_store(config, self.layout, self.group, sparse, self.run)
         else:
             self.store = ReplicatedTables(LocalTables(self.layout, sparse, tc.seed), self.comm)
         self.embeddings = EmbeddingCollection(self.layout, self.store, topo.device)
@@ -276,6 +279,8 @@ class Trainer:
         if isinstance(self.store, ReplicatedTables):
             checkpointing.restore_rows(manifest, self.store.tables,
                                        checkpointing.replicated_select)
+        elif isinstance(self.store, ShardedTables):
+            sharded.restore_rows(manifest, self.store)
         else:
             self.client.clock = manifest.step  # the hot tier counts its own steps anew
         self.start_step = manifest.step
@@ -290,6 +295,8 @@ class Trainer:
             self.tiered.flush()
         if self.client:
             self.client.save()
+        if isinstance(self.store, ShardedTables):
+            files.append(sharded.write_rows(folder, self.store))
         if self.comm.Get_rank() == 0:
             files.append(checkpointing.write_dense(folder, self.dp.params, self.optimizer.state))
             if isinstance(self.store, ReplicatedTables):
@@ -515,6 +522,7 @@ class Trainer:
             logits = self.model(self._tensor(batch.dense), embedded)
             probs.append(torch.sigmoid(logits).cpu().numpy())
             labels.append(batch.labels)
+        self.embeddings.store.finish_lookups()
         self.model.train()
         if left_out:
             log.warning("evaluation left out %d samples with non-finite dense features", left_out)
