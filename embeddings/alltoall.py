@@ -33,6 +33,7 @@ from embeddings.types import EmbeddingStore
 from embeddings.worker_sharding import WorkerPlacement, WorkerPlan
 from hpctrain.comm.alltoall import alltoallv, exchange_counts
 from hpctrain.comm.group import Group
+from hpctrain.errors import EmbeddingError
 
 __all__ = ["ShardedTables", "ColumnTables", "ExchangeStats"]
 
@@ -195,6 +196,13 @@ class ShardedTables(EmbeddingStore):
         """(order that groups ``rows`` by owner, rows per owner, their slots in that order);
         column-wise every row goes to every worker."""
         p = self.group.size
+        bad = (rows < 0) | (rows >= self.layout.total_rows)
+        if bad.any():  # checked before any message: no owner is asked for a row it lacks
+            row = int(rows[bad][0])
+            t = max(0, int(self.layout.table_of(np.array([row]))[0]))
+            spec = self.layout.specs[t]
+            raise EmbeddingError(f"id {row - int(self.layout.offsets[t])} is outside table "
+                                 f"{spec.name!r} of {spec.rows} rows")
         owner, slot = self.placement.locate(rows)
         if self.plan.by_columns:
             return np.arange(len(rows)), np.full(p, len(rows), np.int64), np.tile(slot, p)

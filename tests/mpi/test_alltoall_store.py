@@ -7,6 +7,7 @@ from mpi4py import MPI
 
 from embeddings.alltoall import ShardedTables
 from hpctrain.config import load_config
+from hpctrain.errors import EmbeddingError
 from hpctrain.runtime.world import build_topology
 from hpctrain.train.trainer import Trainer
 
@@ -72,5 +73,8 @@ def test_every_sharding_trains_like_replicated(tmp_path):
             # over all workers: at least the minimum (ids travel in the pull and the push)
             sent, least = WORLD.allreduce(np.array([stats.train_bytes_sent, stats.min_bytes]))
             assert least > 0 and least <= sent <= 1.5 * least, (sent, least)
+            bad = np.array([store.layout.total_rows + 5])
+            with pytest.raises(EmbeddingError, match=r"id 108 is outside table 't25' of 103"):
+                store.pull(bad)
     assert not np.allclose(ref_rows, Trainer(ref.config, build_topology(ref.config))
                            .embeddings.store.tables.weight), "training changed nothing"
