@@ -93,9 +93,12 @@ class ColumnTables:
         if self.optimizer.kind != "adagrad":
             self.optimizer.apply(self.weight, self.state, rows, grads, lr)
             return
-        squares = np.square(grads, dtype=np.float64).sum(axis=1)
+        # rounded as the row-wise kernel does: float32 squares summed in float64, one
+        # rounding of the new accumulator to float32
+        squares = np.square(grads).astype(np.float64).sum(axis=1)
         self.comm.Allreduce(MPI.IN_PLACE, squares, op=MPI.SUM)
-        acc = self.state[rows, 0] + (squares / self.full_dim).astype(np.float32)
+        acc = (self.state[rows, 0].astype(np.float64) + squares / self.full_dim).astype(
+            np.float32)
         self.state[rows, 0] = acc
         step = np.float32(lr) / (np.sqrt(acc) + np.float32(self.optimizer.eps))
         self.weight[rows] -= step[:, None] * grads
