@@ -32,6 +32,7 @@ from embeddings.worker_sharding import SHARDINGS
 from hpctrain.config import JobConfig, load_config
 from hpctrain.runtime.world import Topology, build_topology
 from hpctrain.train.job import run_training
+from hpctrain.train.report import Summary
 from hpctrain.train.trainer import Trainer
 
 __all__ = ["add_arguments", "run", "COLUMNS", "layouts", "plot"]
@@ -122,7 +123,7 @@ def _train(args: argparse.Namespace, world: Topology, name: str, overrides: list
     if summary.ps_clients:
         measured, minimum = _ps_bytes(summary, config)
     if summary.ps_servers:  # a server holds its shard's arrays
-        held.append(max(int(s["resident_bytes"]) for s in summary.ps_servers))
+        held.append(max(s.resident_bytes for s in summary.ps_servers))
     return {"layout": name, "workers": workers,
             "step_ms": 1e3 * summary.step_s / steps, "samples_per_s": summary.samples_per_s,
             "bytes_per_step": measured / steps, "min_bytes_per_step": minimum / steps,
@@ -150,20 +151,19 @@ def _store_facts(trainer: Trainer) -> dict[str, Any]:
         return {"table_bytes": t.weight.nbytes + t.state.nbytes,
                 "bytes_sent": store.bytes_sent, "min_bytes": store.bytes_sent}
     tiering = trainer.counters().tiering
-    hot = tiering.as_dict() if tiering else {}
-    return {"table_bytes": int(hot.get("hot_rows", 0)) * _row_bytes(trainer.config),
+    return {"table_bytes": (tiering.hot_rows if tiering else 0) * _row_bytes(trainer.config),
             "bytes_sent": 0, "min_bytes": 0}
 
 
-def _ps_bytes(summary, config: JobConfig) -> tuple[int, int]:
+def _ps_bytes(summary: Summary, config: JobConfig) -> tuple[int, int]:
     """Parameter-server traffic of all workers (and the hot tier's among them), and its
     minimum: each pulled row's id and value, each pushed row's gradient."""
     row = 4 * config.model.embedding_dim
     clients = summary.ps_clients
-    wire = sum(c["pull_bytes_sent"] + c["pull_bytes_received"] + c["push_bytes_sent"]
-               + c["move_bytes_sent"] + c["move_bytes_received"] for c in clients)
-    wire += sum(t.get("sync_bytes", 0) + t.get("count_bytes", 0) for t in summary.tiering)
-    least = sum(c["rows_pulled"] * (8 + row) + c["rows_pushed"] * row for c in clients)
+    wire = sum(c.pull_bytes_sent + c.pull_bytes_received + c.push_bytes_sent
+               + c.move_bytes_sent + c.move_bytes_received for c in clients)
+    wire += sum(t.sync_bytes + t.count_bytes for t in summary.tiering)
+    least = sum(c.rows_pulled * (8 + row) + c.rows_pushed * row for c in clients)
     return wire, least
 
 
