@@ -24,12 +24,14 @@ class ReplicatedTables(EmbeddingStore):
         self.tables = tables
         self.dim = tables.dim
         self.comm = comm
+        self.bytes_sent = 0  # rows and gradients this worker sent to the others
 
     def pull(self, rows: np.ndarray) -> np.ndarray:
         return self.tables.pull(rows)
 
     def push(self, rows: np.ndarray, grads: np.ndarray, lr: float) -> None:
         """Two ``Allgatherv`` over ``comm`` (rows, then gradients), then a local update."""
+        self.bytes_sent += (self.comm.Get_size() - 1) * (rows.nbytes + grads.nbytes)
         self.tables.push(allgatherv(rows, self.comm), allgatherv(grads, self.comm), lr)
 
     def save(self, out: RowSink) -> None:

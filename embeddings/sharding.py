@@ -28,7 +28,7 @@ from hpctrain.errors import ConfigError
 from hpctrain.runtime import rng
 from hpctrain.runtime.topology import shard_range
 
-__all__ = ["SCHEMES", "TableShard", "ShardingPlan", "plan_sharding", "Placement"]
+__all__ = ["SCHEMES", "TableShard", "ShardingPlan", "plan_sharding", "Placement", "bijection"]
 
 SCHEMES = ("auto", "table", "row_range", "row_hash")
 
@@ -94,12 +94,12 @@ def plan_sharding(specs: Sequence[TableSpec], servers: int, scheme: str = "auto"
             for s in range(servers):
                 lo, hi = shard_range(spec.rows, servers, s)
                 load[s] += hi - lo
-            mult, shift = _bijection(spec.rows, seed + t) if kind == "row_hash" else (1, 0)
+            mult, shift = bijection(spec.rows, seed + t) if kind == "row_hash" else (1, 0)
             shards[t] = TableShard(spec.name, spec.rows, kind, multiplier=mult, shift=shift)
     return ShardingPlan(servers, tuple(shards[t] for t in range(len(specs))))
 
 
-def _bijection(n: int, seed: int) -> tuple[int, int]:
+def bijection(n: int, seed: int) -> tuple[int, int]:
     """``(a, b)`` with ``gcd(a, n) = 1`` and ``a < 2**20`` (so ``a * r`` cannot overflow)."""
     if n <= 2:
         return 1, 0

@@ -81,6 +81,11 @@ class EmbeddingStore(ABC):
         Stores whose rows are remote start fetching them; local stores need nothing.
         """
 
+    def finish_lookups(self) -> None:  # noqa: B027 - optional hook
+        """Lookups outside training have ended here (workers may have made different
+        numbers of them); stores whose pulls are collective serve the others' remaining
+        ones, others need nothing."""
+
     def observe(self, rows: np.ndarray, counts: np.ndarray) -> None:  # noqa: B027 - optional
         """The unique ``rows`` of a training lookup and how many lookups each had.
 

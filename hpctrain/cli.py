@@ -137,6 +137,15 @@ def _parser() -> argparse.ArgumentParser:
     from hpctrain.bench import tiering as bench_tiering
 
     bench_tiering.add_arguments(tiering)
+    from hpctrain.bench import embeddings as bench_embeddings
+
+    bench_embeddings.add_arguments(command(
+        "embeddings", "one job through replicated, all-to-all (each sharding), PS (1 and 2 "
+                      "servers) and tiered tables: step time, bytes, memory", benches))
+    from hpctrain.bench import alltoall as bench_alltoall
+
+    bench_alltoall.add_arguments(command("alltoall", "time alltoallv for each algorithm "
+                                         "against native MPI_Alltoallv", benches))
     _bench_allreduce_args(command("allreduce", "time allreduce for each algorithm against "
                                   "native MPI_Allreduce", benches))
     command("calibrate", "measure the cost model's alpha/beta parameters and write them "
@@ -286,6 +295,31 @@ def _bench_pipeline(args: argparse.Namespace, config: JobConfig, topo: Topology 
     return 0
 
 
+def _bench_embeddings(args: argparse.Namespace, config: JobConfig,
+                      topo: Topology | None) -> int:
+    from hpctrain.bench import embeddings as bench_embeddings
+    from hpctrain.bench.report import print_rows
+
+    rows = bench_embeddings.run(args, config, topo)
+    if rows is not None:
+        print_rows(rows, bench_embeddings.COLUMNS, args.json)
+    return 0
+
+
+def _bench_alltoall(args: argparse.Namespace, config: JobConfig,
+                    topo: Topology | None) -> int:
+    from hpctrain.bench import alltoall as bench_alltoall
+    from hpctrain.bench.report import print_rows
+    from hpctrain.comm import Group
+
+    group = Group(topo.role_comm, config.comm)
+    rows = bench_alltoall.run(args, group)
+    if rows is not None:
+        print_rows(rows, bench_alltoall.COLUMNS, args.json)
+    group.free()
+    return 0
+
+
 def _bench_comm(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -> int:
     from hpctrain.comm.owner import communicators
 
@@ -307,7 +341,8 @@ def _bench_comm(args: argparse.Namespace, config: JobConfig, topo: Topology | No
 _COMMANDS = {"train": _train, "info": _info, "preprocess": _preprocess, "config": _config,
              "bench": _bench, "compare-sync": _compare_sync}
 _BENCHES = {"ps": _bench_ps, "pipeline": _bench_pipeline, "tiering": _bench_tiering,
-            "allreduce": _bench_comm, "calibrate": _bench_comm}
+            "allreduce": _bench_comm, "calibrate": _bench_comm, "alltoall": _bench_alltoall,
+            "embeddings": _bench_embeddings}
 _NEEDS_WORLD = {"train", "info", "bench", "compare-sync"}
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ __all__ = [
     "ModelConfig",
     "TrainConfig",
     "PSConfig",
+    "EmbeddingsConfig",
     "SyncConfig",
     "CheckpointConfig",
     "ParallelConfig",
@@ -152,6 +153,26 @@ class PSConfig:
 
 
 @dataclass(frozen=True)
+class EmbeddingsConfig:
+    mode: str = option("auto", "where the tables live: replicated on every worker, on the "
+                               "parameter servers (ps), or sharded over the workers and "
+                               "reached by all-to-all (alltoall); auto follows ps.servers",
+                       choices=("auto", "replicated", "ps", "alltoall"))
+    sharding: str = option("table_wise", "alltoall: tables whole on one worker each, rows "
+                                         "hashed over all workers, columns split over all "
+                                         "workers, or table_row_wise (tables on nodes, rows "
+                                         "over the node's workers)",
+                           choices=("table_wise", "row_wise", "column_wise",
+                                    "table_row_wise"))
+
+    def layout(self, servers: int) -> str:
+        """The layout in effect: ``mode``, with ``auto`` resolved by ``ps.servers``."""
+        if self.mode == "auto":
+            return "ps" if servers else "replicated"
+        return self.mode
+
+
+@dataclass(frozen=True)
 class SyncConfig:
     model: str = option("bsp", "consistency model of the parameter-server tables: bsp, "
                                "ssp:S (staleness bound S) or asp")
@@ -260,6 +281,7 @@ class JobConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     ps: PSConfig = field(default_factory=PSConfig)
+    embeddings: EmbeddingsConfig = field(default_factory=EmbeddingsConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
@@ -311,6 +333,17 @@ class JobConfig:
         if self.tiering.budget > 0 and self.ps.mode != "hybrid":
             raise ConfigError("tiering.budget > 0 needs ps.mode = 'hybrid' (the hot tier's "
                               "counts ride in the dense allreduce)")
+        e = self.embeddings
+        if (e.mode == "ps") != (self.ps.servers > 0) and e.mode != "auto":
+            raise ConfigError(f"embeddings.mode = {e.mode!r} with ps.servers = "
+                              f"{self.ps.servers}: " + ("'ps' needs ps.servers >= 1"
+                              if e.mode == "ps" else "parameter servers need mode 'ps'"))
+        if e.sharding != "table_wise" and e.layout(self.ps.servers) != "alltoall":
+            raise ConfigError(f"embeddings.sharding = {e.sharding!r} applies to "
+                              f"embeddings.mode = 'alltoall' only")
+        if e.mode == "alltoall" and self.parallel.tp * self.parallel.pp > 1:
+            raise ConfigError("embeddings.mode = 'alltoall' does not combine with "
+                              "parallel.tp/pp > 1 (tables on pipeline stage 0)")
         if self.data.source != "synthetic" and not self.data.paths:
             raise ConfigError(f"data.paths: data.source = {self.data.source!r} needs at least "
                               f"one input file")

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hpctrain.comm import alltoall as exchange
 from hpctrain.comm import kernels, native, select, torchdist
 from hpctrain.comm.algorithm import Algorithm
 from hpctrain.comm.group import Group
@@ -97,11 +98,11 @@ def allgatherv(part: np.ndarray, *, comm: Group) -> np.ndarray:
     return native.allgatherv(part, comm.comm)
 
 
-def alltoallv(send: np.ndarray, counts: np.ndarray, *, comm: Group
+def alltoallv(send: np.ndarray, counts: np.ndarray, *, comm: Group, algorithm: str = "auto"
               ) -> tuple[np.ndarray, np.ndarray]:
     """Send ``counts[i]`` rows of ``send`` (in rank order) to rank ``i``; returns the rows
-    received, in source order, and the count from each source: ``MPI_Alltoall`` of the
-    counts then ``MPI_Alltoallv``."""
+    received, in source order, and the count from each source: ``MPI_Allgather`` of the
+    counts, then the exchange the cost model picks (:mod:`hpctrain.comm.alltoall`)."""
     error = None
     if len(counts) != comm.size or int(np.sum(counts)) != len(send):
         error = (f"alltoallv: rank {comm.rank} passed {len(counts)} counts summing to "
@@ -110,7 +111,7 @@ def alltoallv(send: np.ndarray, counts: np.ndarray, *, comm: Group
     _agree(comm, ("alltoallv", -1, np.asarray(send).dtype.name, "", 0), error)
     if error:
         raise CommError(error)
-    return native.alltoallv(send, counts, comm.comm)
+    return exchange.alltoallv(send, counts, comm=comm, algorithm=algorithm)
 
 
 def as_storage(buf: Buffer, primitive: str) -> tuple[Any, DType, str]:

@@ -1,6 +1,7 @@
 """Collectives served by the MPI library itself: the baseline every other algorithm is
 measured against, and the implementation of the rarely hot primitives (gather, scatter,
-variable-length allgather, alltoallv).
+variable-length allgather; ``MPI_Alltoallv`` is the baseline exchange in
+:mod:`hpctrain.comm.alltoall`).
 
 Each function states the collective it issues; all are collective over ``comm``.
 MPI has no 16-bit float reduction, so reductions of float16/bfloat16 widen to float32,
@@ -21,8 +22,7 @@ from hpctrain.comm.types import Cost, CostParams, Layout, Link, Request, chunk_b
 if TYPE_CHECKING:
     from hpctrain.comm.group import Group
 
-__all__ = ["Native", "NATIVE", "allgatherv", "gatherv", "scatterv", "alltoallv",
-           "library_cost"]
+__all__ = ["Native", "NATIVE", "allgatherv", "gatherv", "scatterv", "library_cost"]
 
 MPI_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
 
@@ -69,23 +69,6 @@ def scatterv(whole: np.ndarray | None, count: int, dtype: np.dtype, comm: MPI.In
     counts = np.diff(b)
     comm.Scatterv([whole, counts, b[:-1], None] if rank == root else None, out, root=root)
     return out
-
-
-def alltoallv(send: np.ndarray, counts: np.ndarray, comm: MPI.Intracomm
-              ) -> tuple[np.ndarray, np.ndarray]:
-    """Personalised exchange: ``send`` holds ``counts[i]`` rows for rank ``i``, in rank
-    order; returns the rows received (in source order) and the count from each source.
-    ``MPI_Alltoall`` of the counts, then ``MPI_Alltoallv``."""
-    send = np.ascontiguousarray(send)
-    row = int(np.prod(send.shape[1:], dtype=np.int64))
-    counts = np.asarray(counts, dtype=np.int64)
-    recv_counts = np.empty_like(counts)
-    comm.Alltoall(counts, recv_counts)
-    out = np.empty((int(recv_counts.sum()), *send.shape[1:]), dtype=send.dtype)
-    sdispl = np.concatenate(([0], np.cumsum(counts)[:-1])) * row
-    rdispl = np.concatenate(([0], np.cumsum(recv_counts)[:-1])) * row
-    comm.Alltoallv([send, counts * row, sdispl, None], [out, recv_counts * row, rdispl, None])
-    return out, recv_counts
 
 
 def library_cost(link: Link, req: Request, layout: Layout, params: CostParams) -> Cost:

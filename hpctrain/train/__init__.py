@@ -21,6 +21,9 @@ it (``update``) and the store takes the touched rows' gradients (``push``). Per 
   (``ReplicatedDense``) sums gradients and statistics in bucketed allreduces that start
   during the last backward, divides by the global count and steps the dense optimizer;
   the push all-gathers the touched rows and applies the same update everywhere.
+- all-to-all: as replicated, but each worker owns a shard of the rows
+  (``ShardedTables``, planned on worker 0); lookups and pushes are ``alltoallv`` exchanges
+  with the rows' owners, which apply the sparse optimizer.
 - PS hybrid: as replicated, but the rows live on the servers behind ``PSClient``, which
   prefetches the next micro-batch's rows and pushes the gradients to their shards.
 - PS full: the dense parameters are one more table on the servers; ``ServerDense`` pulls

@@ -5,9 +5,10 @@ The one place that asks which mode a job runs in. A worker gets
 - a dense engine (:mod:`hpctrain.train.engine`): :class:`~hpctrain.train.dense_grid.GridDense`
   when ``parallel.tp * parallel.pp > 1``, :class:`~hpctrain.train.dense_ps.ServerDense` when
   ``ps.mode = "full"``, else :class:`~hpctrain.train.dense_dp.ReplicatedDense`;
-- an embedding store: replicas on every worker (on pipeline stage 0 with tp/pp), the
-  parameter servers' client, or the tiered store over that client when ``tiering.budget``
-  holds a row;
+- an embedding store: replicas on every worker (on pipeline stage 0 with tp/pp), shards
+  reached by all-to-all exchanges (``embeddings.mode = "alltoall"``, planned on worker 0),
+  the parameter servers' client, or the tiered store over that client when
+  ``tiering.budget`` holds a row;
 - the step statistics those parts register (:mod:`hpctrain.train.stats`), the non-finite
   guard, and the state restored from ``manifest`` when resuming.
 """
@@ -22,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from embeddings.alltoall import ShardedTables
 from embeddings.collection import EmbeddingCollection
 from embeddings.hotcold import hot_capacity, hot_row_bytes
 from embeddings.optim import SparseOptimizer
@@ -29,12 +31,14 @@ from embeddings.replicated import ReplicatedTables
 from embeddings.tables import LocalTables, TableLayout
 from embeddings.tiered import TieredStore, TieringStats
 from embeddings.types import EmbeddingStore
+from embeddings.worker_sharding import WorkerPlan, plan_workers
 from hpctrain.comm import Group
 from hpctrain.comm.owner import communicators
 from hpctrain.config import JobConfig
 from hpctrain.data import Dataset
 from hpctrain.models.dlrm import DLRM
 from hpctrain.parallel.groups import parallel_groups
+from hpctrain.runtime.abort import agree
 from hpctrain.runtime.topology import shard_range
 from hpctrain.runtime.world import Topology
 from hpctrain.sync.types import SyncModel
@@ -74,7 +78,7 @@ class WorkerParts:
     served: TableLayout
     """The tables a checkpoint's shape names (with the dense table in full PS mode)."""
     plan_json: str
-    """The servers' sharding plan ("" without servers)."""
+    """The servers' or the all-to-all sharding plan ("" with replicated tables)."""
     counters: Callable[[], Counters]
     """This worker's client and tiering counters for the summary (None where absent)."""
     servers: PSClient | None
@@ -102,7 +106,11 @@ def build_worker(config: JobConfig, topo: Topology, dataset: Dataset, layout: Ta
     group = communicators(topo).workers()
     sparse = SparseOptimizer(tc.optimizer)
     client, store, tiered = None, None, None
-    if job is None:
+    plan_json = job.plan.to_json() if job else ""
+    if job is None and config.embeddings.layout(config.ps.servers) == "alltoall":
+        plan_json = _alltoall_plan(config, layout, group)
+        store = ShardedTables(layout, WorkerPlan.from_json(plan_json), sparse, tc.seed, group)
+    elif job is None:
         store = ReplicatedTables(LocalTables(layout, sparse, tc.seed), comm)
     else:
         client = job.client(models, sparse.state_width(layout.dim))
@@ -124,10 +132,27 @@ def build_worker(config: JobConfig, topo: Topology, dataset: Dataset, layout: Ta
         tiered.stats.warm_start_bytes = _warm_start(config, topo, dataset, layout, tiered,
                                                     client)
     return WorkerParts(engine, store, EmbeddingCollection(layout, store, topo.device), guard,
-                       job.layout if job else layout, job.plan.to_json() if job else "",
+                       job.layout if job else layout, plan_json,
                        lambda: Counters(client.stats if client else None,
                                         tiered.report() if tiered else None), client,
                        group)
+
+
+def _alltoall_plan(config: JobConfig, layout: TableLayout, group: Group) -> str:
+    """The all-to-all sharding plan as JSON: computed and logged on worker 0 from the table
+    sizes and the workers (and their nodes), then broadcast (collective over ``group``)."""
+    node = group.layout.local_size if group.layout.uniform else 0
+
+    def plan() -> WorkerPlan | None:
+        if group.rank != 0:
+            return None
+        made = plan_workers(layout.specs, group.size, config.embeddings.sharding, node,
+                            config.train.seed)
+        log.info("all-to-all plan: %s", made.describe())
+        return made
+
+    made = agree(group.comm, plan)
+    return group.comm.bcast(made.to_json() if made else None, root=0)
 
 
 def _restore(engine: DenseEngine, store: EmbeddingStore, manifest: ckpt.Manifest) -> None:

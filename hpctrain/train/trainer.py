@@ -75,8 +75,6 @@ class Trainer:
         self.steps = tc.steps or max(1, epoch // tc.accumulate)
         self.run = (RunDir(tc.run_dir or default_run_dir(), config)
                     if self.comm.Get_rank() == 0 else None)
-        if self.run and job:
-            self.run.write_text("plan.json", job.plan.to_json())
         self.phase_s: dict[str, float] = defaultdict(float)
         sc = config.sync
         self.stragglers = Stragglers(self.comm.Get_rank(), sc.slow_workers, sc.slow_factor,
@@ -88,6 +86,8 @@ class Trainer:
                                   manifest)
         self.engine, self.store = self.parts.engine, self.parts.store
         self.embeddings, self.guard = self.parts.tables, self.parts.guard
+        if self.run and self.parts.plan_json:
+            self.run.write_text("plan.json", self.parts.plan_json)
         self.prefetch = job is not None and config.ps.prefetch
         self.start_step = manifest.step if manifest is not None else 0
 
@@ -287,6 +287,7 @@ class Trainer:
             if scored is not None:
                 probs.append(scored)
                 labels.append(batch.labels)
+        self.store.finish_lookups()
         engine.module.train()
         if left_out and engine.scores_here:
             log.warning("evaluation left out %d samples with non-finite dense features", left_out)

@@ -113,6 +113,17 @@ def test_nonfinite_steps_are_skipped_or_stopped_alike_in_every_mode(tmp_path):
     TrainingJob(config, build_topology(config), dataset=Poisoned(data, {160, 360})).run(
         replicated)
 
+    # All-to-all shards over the same 4 workers (column-wise: a block of every row on each).
+    for sharding in ("row_wise", "column_wise"):
+        config = load_config(overrides=[*SMALL, run_dir, "train.batch_size=100",
+                                        "embeddings.mode='alltoall'",
+                                        f"embeddings.sharding={sharding!r}"])
+        trainer = Trainer(config, build_topology(config), Poisoned(data, {160, 360}))
+        message = skip_then_stop(trainer, gate)
+        assert message.startswith("[rank 2] step 3: non-finite dense features: train sample "
+                                  "360"), message
+        assert evaluated(trainer) == 299
+
     # Parameter servers, hybrid and full mode: 3 workers of 30 samples + 1 server; worker 1
     # reads sample 130 in step 1 and 310 in step 3.
     # "tiered": hybrid with 300 rows hot, whose gradients a dropped share still joins (as zeros).

@@ -43,3 +43,36 @@ def test_bench_rejects_unknown_algorithms_and_sizes():
     result = run_mpi([*HPCTRAIN, "bench", "allreduce", "--algorithms", "fastest",
                       "--sizes", "4KiB"], ranks=2, timeout=120)
     assert result.returncode == 2 and "unknown algorithm(s) fastest" in result.stdout
+
+
+def test_bench_alltoall_and_embeddings_print_ratios_in_one_launch(tmp_path):
+    out = tmp_path / "a2a.json"
+    result = run_mpi([*HPCTRAIN, "bench", "alltoall", "--sizes", "4KiB,64KiB", "--reps", "2",
+                      "--json", str(out)], ranks=3, timeout=240)
+    assert result.returncode == 0, result.stdout
+    rows = json.loads(out.read_text())
+    assert {r["algorithm"] for r in rows} == {"native", "auto", "shm", "pairwise"}
+    assert all(r["ratio_to_native"] == 1.0 for r in rows if r["algorithm"] == "native")
+    assert all(r["selected"] for r in rows if r["algorithm"] == "auto")
+
+    out, png = tmp_path / "e.json", tmp_path / "e.png"
+    small = ["--set", "data.table_sizes=[500, 40, 3000, 7]", "--set", "data.train_samples=4000",
+             "--set", "data.eval_samples=300", "--set", "model.embedding_dim=8", "--set",
+             "model.bottom_mlp=[16, 8]", "--set", "model.top_mlp=[16, 1]", "--set",
+             "train.batch_size=64"]
+    result = run_mpi([*HPCTRAIN, "bench", "embeddings", "--steps", "4", *small, "--json",
+                      str(out), "--plot", str(png)], ranks=3, timeout=400)
+    assert result.returncode == 0, result.stdout
+    rows = {r["layout"]: r for r in json.loads(out.read_text())}
+    assert set(rows) == {"replicated", "alltoall:table_wise", "alltoall:row_wise",
+                         "alltoall:column_wise", "alltoall:table_row_wise", "ps:1", "ps:2",
+                         "ps:1+tiering"}
+    base = rows["replicated"]
+    assert base["step_ratio"] == base["memory_ratio"] == 1.0 and base["workers"] == 3
+    assert rows["ps:2"]["workers"] == 1
+    for name, r in rows.items():
+        assert r["bytes_per_step"] >= r["min_bytes_per_step"] > 0 or name == "ps:2", name
+        assert r["samples_per_s"] > 0 and r["table_mb_per_rank"] > 0, name
+    # a sharded worker holds about a third of the rows (the largest table decides table-wise)
+    assert rows["alltoall:row_wise"]["memory_ratio"] < 0.4
+    assert png.stat().st_size > 1000

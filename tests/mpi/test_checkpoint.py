@@ -116,3 +116,39 @@ def test_resume_refuses_what_it_cannot_restore(tmp_path):
                      "model.top_mlp=[8, 1]"], ranks=2, timeout=60)
     assert other.returncode == 2, other.stdout
     assert "was made with model.top_mlp = (16, 1); this job has (8, 1)" in other.stdout
+
+
+def alltoall(sharding: str) -> list[str]:
+    return ["--set", "embeddings.mode='alltoall'", "--set", f"embeddings.sharding='{sharding}'",
+            "--set", "comm.node_size=2"]
+
+
+def test_alltoall_resume_onto_other_worker_counts_and_shardings(tmp_path):
+    """All-to-all shards resume 3 -> 4 and 4 -> 3 workers (and into another sharding)
+    with the rows re-partitioned by the new plan: the same model as an uninterrupted run,
+    up to the summation order of the different batch slicing."""
+    job = JOB[:-4]  # without the servers' sharding keys
+    straight, grown, shrunk = (tmp_path / n for n in ("a", "b", "c"))
+
+    def launch(run_dir: Path, ranks: int, *extra: str, resume: bool = False) -> None:
+        args = ["--resume", str(run_dir)] if resume else [*job, "--set",
+                                                           f"train.run_dir={str(run_dir)!r}"]
+        result = run_mpi([*HPCTRAIN, *args, *extra], ranks=ranks, timeout=180)
+        assert result.returncode == 0, result.stdout
+
+    launch(straight, 4, *alltoall("table_wise"))
+    reference = final_state(straight)
+    assert len(reference["rows"]) == 1257 and reference["state"].shape[1] == 1
+    launch(grown, 3, *alltoall("column_wise"), "--set", "train.steps=4")
+    launch(grown, 4, *alltoall("row_wise"), "--set", "train.steps=8", resume=True)
+    launch(shrunk, 4, *alltoall("table_row_wise"), "--set", "train.steps=4")
+    launch(shrunk, 3, *alltoall("table_wise"), "--set", "train.steps=8", resume=True)
+    for run, workers in ((grown, 4), (shrunk, 3)):
+        files = ckpt.read_manifest(ckpt.step_dir(run, 8)).row_files()
+        assert sorted(files) == [f"shard-w{w}.h5" for w in range(workers)]
+        got = final_state(run)
+        assert got.keys() == reference.keys()
+        np.testing.assert_array_equal(got["rows"], reference["rows"])
+        for key in reference:
+            np.testing.assert_allclose(got[key], reference[key], rtol=1e-4, atol=1e-6,
+                                       err_msg=f"{run.name} {key}")

@@ -1,0 +1,315 @@
+"""Tables sharded over the workers, reached by all-to-all exchanges (DLRM's and TorchRec's
+model-parallel embeddings, beside the replicated and the parameter-server layouts).
+
+Each worker owns the rows (or, column-wise, the column blocks) that its
+:class:`~embeddings.worker_sharding.WorkerPlan` gives it. A :meth:`pull` sends each of the
+batch's unique rows to its owner (column-wise: to every worker), the owners answer with the
+rows' current values (column-wise: their columns, concatenated by the asker), and the
+:class:`~embeddings.collection.EmbeddingCollection` pools them on the worker; ids arrive
+de-duplicated per destination, and only touched rows move. Returning unique rows rather than
+pooled vectors: DLRM's bags hold one id per sample and table, so a bag's pooled vector is
+one row and the unique rows are never more than the pooled vectors. A :meth:`push` sums
+this worker's gradients per row, sends each to the row's owner, and the owner sums them over
+all workers and applies the sparse optimizer to the rows it owns (SGD, row-wise Adagrad,
+lazy Adam).
+
+Every pull and push is collective over the workers: one ``MPI_Allgather`` of the count
+matrix, then :func:`~hpctrain.comm.alltoall.alltoallv` (whose algorithm the cost model
+picks). Training steps pull in lockstep; evaluation, where workers may make different
+numbers of lookups, ends with :meth:`finish_lookups`, which serves the others' remaining
+pulls.
+
+A checkpoint holds full rows with global ids (``shard-w{rank}.h5``, one part per worker),
+whatever the sharding: column-wise shards first trade their blocks so that each worker
+writes full rows of a balanced range. :meth:`ShardedTables.restore` reads every saved row
+and keeps the rows (or columns) the plan gives this worker, so a run can resume onto
+another number of workers, another sharding, or from a replicated checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+from mpi4py import MPI
+
+from embeddings.optim import SparseOptimizer, coalesce
+from embeddings.tables import LocalTables, TableLayout, init_rows
+from embeddings.types import EmbeddingStore, RowSink, RowSource
+from embeddings.worker_sharding import WorkerPlacement, WorkerPlan
+from hpctrain.comm.alltoall import alltoallv, exchange_counts
+from hpctrain.comm.group import Group
+from hpctrain.errors import EmbeddingError
+from hpctrain.runtime.topology import shard_range
+
+__all__ = ["ShardedTables", "ColumnTables", "ExchangeStats"]
+
+_ID = 8  # bytes of one id on the wire
+_INIT_BLOCK = 1 << 14
+
+
+@dataclass
+class ExchangeStats:
+    """Bytes this worker sent to other workers (what leaves the rank), and the minimum the
+    steps' batches needed: each remote row's id once, its value once, its gradient once."""
+
+    pulls: int = 0
+    pushes: int = 0
+    id_bytes_sent: int = 0
+    value_bytes_sent: int = 0
+    grad_bytes_sent: int = 0
+    count_bytes_sent: int = 0  # the count matrices (allgathered)
+    train_bytes_sent: int = 0  # pulls marked as training (by observe) and pushes
+    min_bytes: int = 0
+
+    @property
+    def bytes_sent(self) -> int:
+        return (self.id_bytes_sent + self.value_bytes_sent + self.grad_bytes_sent +
+                self.count_bytes_sent)
+
+    def as_dict(self) -> dict[str, int]:
+        return {**asdict(self), "bytes_sent": self.bytes_sent}
+
+
+class ColumnTables:
+    """Columns ``[lo, hi)`` of every row, with their optimizer state (column-wise shards).
+
+    Row-wise Adagrad keeps one accumulator per row of the mean squared gradient over the
+    whole row; the owners of a row's blocks sum their partial squares with one allreduce
+    (they all see the same touched rows, in the same order), so the update equals the
+    unsharded one. SGD and lazy Adam are per element and need nothing.
+    """
+
+    def __init__(self, layout: TableLayout, optimizer: SparseOptimizer, seed: int, lo: int,
+                 hi: int, comm: MPI.Intracomm) -> None:
+        self.layout, self.optimizer, self.comm = layout, optimizer, comm
+        self.dim, self.full_dim = hi - lo, layout.dim
+        n = layout.total_rows
+        self.weight = np.empty((n, self.dim), np.float32)
+        for a in range(0, n, _INIT_BLOCK):
+            b = min(n, a + _INIT_BLOCK)
+            self.weight[a:b] = init_rows(layout, np.arange(a, b, dtype=np.int64), seed)[:, lo:hi]
+        width = 1 if optimizer.kind == "adagrad" else optimizer.state_width(self.dim)
+        self.state = np.zeros((n, width), np.float32)
+
+    def pull(self, rows: np.ndarray) -> np.ndarray:
+        return np.take(self.weight, rows, axis=0)
+
+    def push(self, rows: np.ndarray, grads: np.ndarray, lr: float) -> None:
+        rows, grads = coalesce(rows, grads)
+        if self.optimizer.kind != "adagrad":
+            self.optimizer.apply(self.weight, self.state, rows, grads, lr)
+            return
+        # rounded as the row-wise kernel does: float32 squares summed in float64, one
+        # rounding of the new accumulator to float32
+        squares = np.square(grads).astype(np.float64).sum(axis=1)
+        self.comm.Allreduce(MPI.IN_PLACE, squares, op=MPI.SUM)
+        acc = (self.state[rows, 0].astype(np.float64) + squares / self.full_dim).astype(
+            np.float32)
+        self.state[rows, 0] = acc
+        step = np.float32(lr) / (np.sqrt(acc) + np.float32(self.optimizer.eps))
+        self.weight[rows] -= step[:, None] * grads
+
+
+class ShardedTables(EmbeddingStore):
+    """This worker's shard of every table; ``pull`` and ``push`` are collective over
+    ``group``'s ranks (the workers)."""
+
+    def __init__(self, layout: TableLayout, plan: WorkerPlan, optimizer: SparseOptimizer,
+                 seed: int, group: Group) -> None:
+        self.layout, self.plan, self.group = layout, plan, group
+        self.dim = layout.dim
+        self.placement = WorkerPlacement(plan)
+        r, p = group.rank, group.size
+        self.lo, self.hi = plan.columns(r)
+        self.widths = np.array([np.subtract(*plan.columns(w)[::-1]) for w in range(p)],
+                               np.int64)
+        if plan.by_columns:
+            self.tables: LocalTables | ColumnTables = ColumnTables(
+                layout, optimizer, seed, self.lo, self.hi, group.comm)
+        else:
+            self.tables = LocalTables(layout, optimizer, seed, self.placement.rows_on(r),
+                                      self.placement.rows_of(r))
+        self.stats = ExchangeStats()
+        self._training = False
+
+    # -- the protocol ----------------------------------------------------------------------
+
+    def observe(self, rows: np.ndarray, counts: np.ndarray) -> None:
+        """Marks the next pull as a training lookup (for the byte accounting)."""
+        self._training = True
+
+    def pull(self, rows: np.ndarray) -> np.ndarray:
+        """Values of the unique global ``rows``: ids to their owners, values back."""
+        rows = np.asarray(rows, dtype=np.int64)
+        out = self._pull(rows, active=1)
+        self._training = False
+        return out
+
+    def push(self, rows: np.ndarray, grads: np.ndarray, lr: float) -> None:
+        """Sum gradients per row, send each to the row's owner(s), who apply them."""
+        rows, grads = coalesce(rows, grads)
+        order, counts, slots = self._route(rows)
+        matrix, _ = self._counts(counts, 1, train=True)
+        got_slots, _ = self._send_ids(slots, counts, matrix, train=True)
+        if self.plan.by_columns:
+            send = np.concatenate([grads[:, self._cols(j)].reshape(-1)
+                                   for j in range(self.group.size)])
+            got, _ = alltoallv(send, counts * self.widths, comm=self.group,
+                               matrix=matrix * self.widths[None, :])
+            got = got.reshape(len(got_slots), self.tables.dim)
+        else:
+            got, _ = alltoallv(grads[order], counts, comm=self.group, matrix=matrix)
+        self._account("grad_bytes_sent", 4 * self.widths, counts, train=True)
+        self.stats.min_bytes += self._minimum(counts)
+        self.stats.pushes += 1
+        self.tables.push(got_slots, got, lr)
+
+    def finish_lookups(self) -> None:
+        """Serve the other workers' pulls until every worker has called this (after an
+        evaluation, where workers may have looked up different numbers of batches)."""
+        while self._pull(np.empty(0, np.int64), active=0) is not None:
+            pass
+
+    def save(self, out: RowSink) -> None:
+        """Write this worker's rows as part ``shard-w{rank}.h5``: full width with global
+        ids, optimizer state in the unsharded layout (column-wise: after one exchange of
+        blocks)."""
+        name = f"shard-w{self.group.rank}.h5"
+        if self.plan.by_columns:
+            out.write(name, *self._full_rows())
+        else:
+            tables = self.tables
+            rows = self.placement.rows_of(self.group.rank)(0, len(tables.weight))
+            out.write(name, rows, tables.weight, tables.state)
+
+    def restore(self, source: RowSource) -> None:
+        """Keep the saved rows (column-wise: their columns) this worker owns under its
+        plan, whatever layout wrote them."""
+        tables, plan, r, dim = self.tables, self.plan, self.group.rank, self.plan.dim
+        c0, c1 = self.lo, self.hi
+        adam = plan.by_columns and tables.optimizer.kind == "adam"
+        for rows, weight, state in source.rows(dim, tables.optimizer.state_width(dim)):
+            owner, slots = self.placement.locate(rows)
+            keep = slice(None) if plan.by_columns else owner == r
+            slots = slots[keep]
+            tables.weight[slots] = weight[keep, c0:c1]
+            if adam:  # moments per column, then the row's step count
+                tables.state[slots] = np.concatenate(
+                    [state[keep, c0:c1], state[keep, dim + c0:dim + c1],
+                     state[keep, 2 * dim:]], axis=1)
+            else:
+                tables.state[slots] = state[keep, :tables.state.shape[1]]
+
+    def _full_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Column-wise: full rows ``shard_range(rows, p, rank)``, gathered from every
+        worker's block (collective)."""
+        tables, plan = self.tables, self.plan
+        p, r, n = self.group.size, self.group.rank, len(tables.weight)
+        ranges = [shard_range(n, p, j) for j in range(p)]
+        block = np.concatenate([tables.weight, tables.state], axis=1)
+        counts = np.array([hi - lo for lo, hi in ranges], np.int64)
+        got, _ = alltoallv(np.ascontiguousarray(block.reshape(-1)), counts * block.shape[1],
+                           comm=self.group)
+        lo, hi = ranges[r]
+        mine, dim = hi - lo, plan.dim
+        adam = tables.optimizer.kind == "adam"
+        weight = np.empty((mine, dim), np.float32)
+        state = np.empty((mine, tables.optimizer.state_width(dim)), np.float32)
+        start = 0
+        for j in range(p):
+            c0, c1 = plan.columns(j)
+            w = c1 - c0
+            cols = w + (2 * w + 1 if adam else tables.state.shape[1])
+            part = got[start:start + mine * cols].reshape(mine, cols)
+            start += part.size
+            weight[:, c0:c1] = part[:, :w]
+            if adam:  # moments per column, then the row's step count
+                state[:, c0:c1] = part[:, w:2 * w]
+                state[:, dim + c0:dim + c1] = part[:, 2 * w:3 * w]
+                state[:, 2 * dim] = part[:, 3 * w]
+            elif state.shape[1]:  # row-wise Adagrad: one accumulator, alike on every block
+                state[:, 0] = part[:, w]
+        return np.arange(lo, hi, dtype=np.int64), weight, state
+
+    # -- the exchanges ---------------------------------------------------------------------
+
+    def _pull(self, rows: np.ndarray, active: int) -> np.ndarray | None:
+        """One pull round; ``None`` when no worker is pulling any more (``active`` 0 on
+        all)."""
+        order, counts, slots = self._route(rows)
+        matrix, flags = self._counts(counts, active, train=self._training)
+        if not flags.any():
+            return None
+        got_slots, _ = self._send_ids(slots, counts, matrix, train=self._training)
+        values = self.tables.pull(got_slots)
+        r = self.group.rank
+        asked = matrix[:, r]
+        out = np.empty((len(rows), self.dim), np.float32)
+        if self.plan.by_columns:
+            reply, _ = alltoallv(values.reshape(-1), asked * self.widths[r], comm=self.group,
+                                 matrix=matrix.T * self.widths[:, None])
+            start = 0
+            for j in range(self.group.size):
+                width = int(self.widths[j])
+                out[:, self._cols(j)] = reply[start:start + len(rows) * width].reshape(
+                    len(rows), width)
+                start += len(rows) * width
+        else:
+            reply, _ = alltoallv(values, asked, comm=self.group, matrix=matrix.T)
+            out[order] = reply
+        self._account("value_bytes_sent", 4 * int(self.widths[r]), asked,
+                      train=self._training)
+        self.stats.pulls += active
+        return out
+
+    def _route(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(order that groups ``rows`` by owner, rows per owner, their slots in that order);
+        column-wise every row goes to every worker."""
+        p = self.group.size
+        bad = (rows < 0) | (rows >= self.layout.total_rows)
+        if bad.any():  # checked before any message: no owner is asked for a row it lacks
+            row = int(rows[bad][0])
+            t = max(0, int(self.layout.table_of(np.array([row]))[0]))
+            spec = self.layout.specs[t]
+            raise EmbeddingError(f"id {row - int(self.layout.offsets[t])} is outside table "
+                                 f"{spec.name!r} of {spec.rows} rows")
+        owner, slot = self.placement.locate(rows)
+        if self.plan.by_columns:
+            return np.arange(len(rows)), np.full(p, len(rows), np.int64), np.tile(slot, p)
+        order = np.argsort(owner, kind="stable")
+        return order, np.bincount(owner, minlength=p).astype(np.int64), slot[order]
+
+    def _counts(self, counts: np.ndarray, active: int, train: bool
+                ) -> tuple[np.ndarray, np.ndarray]:
+        matrix, flags = exchange_counts(counts, self.group, active)
+        p = self.group.size
+        self._account("count_bytes_sent", _ID * (p + 1), np.ones(p, np.int64), train)
+        return matrix, flags
+
+    def _send_ids(self, slots: np.ndarray, counts: np.ndarray, matrix: np.ndarray,
+                  train: bool) -> tuple[np.ndarray, np.ndarray]:
+        self._account("id_bytes_sent", _ID, counts, train)
+        return alltoallv(slots, counts, comm=self.group, matrix=matrix)
+
+    def _account(self, field: str, row_bytes: int | np.ndarray, counts: np.ndarray,
+                 train: bool) -> None:
+        """Add the bytes of ``counts[j]`` rows of ``row_bytes`` (or ``row_bytes[j]``) for
+        each destination ``j`` other than this rank."""
+        remote = counts.copy()
+        remote[self.group.rank] = 0
+        sent = int((remote * row_bytes).sum())
+        setattr(self.stats, field, getattr(self.stats, field) + sent)
+        if train:
+            self.stats.train_bytes_sent += sent
+
+    def _minimum(self, counts: np.ndarray) -> int:
+        """Bytes this step's pushed rows needed at least: per remote destination, the id,
+        the value and the gradient (column-wise: of that destination's columns)."""
+        remote = counts.copy()
+        remote[self.group.rank] = 0
+        return int((remote * (_ID + 2 * 4 * self.widths)).sum())
+
+    def _cols(self, worker: int) -> slice:
+        lo, hi = self.plan.columns(worker)
+        return slice(lo, hi)

@@ -1,0 +1,227 @@
+"""Personalised all-to-all exchange (``alltoallv``): three algorithms and their costs.
+
+Every rank sends ``counts[j]`` rows to rank ``j``. The counts are first made known to every
+rank (one ``MPI_Allgather`` of each rank's counts, giving the whole ``p x p`` matrix), so all
+ranks predict the same costs and choose the same algorithm, and a caller can account the
+bytes of the whole exchange:
+
+- ``pairwise``: ``p - 1`` rounds of MPI point-to-point; in round ``k`` rank ``r`` sends to
+  ``(r + k) % p`` and receives from ``(r - k) % p`` (any ``p``, not only powers of two), so
+  each rank has one message in flight each way and the waits yield the core
+  (:func:`~hpctrain.runtime.waits.wait_all`) under the watchdog;
+- ``shm`` (one node only): every rank copies what it sends into its row of the node's
+  shared scratch window, one flag synchronisation, then every rank copies its segments out
+  of the others' rows: two copies per byte and no MPI message (:mod:`hpctrain.comm.shm`);
+- ``native``: ``MPI_Alltoallv`` itself, the baseline.
+
+A second module beside the in-place :class:`~hpctrain.comm.types.Algorithm` families
+because an exchange has a different shape: its input and output differ in length and its
+cost depends on the count matrix, not on one buffer size.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
+from mpi4py import MPI
+
+from hpctrain.comm.shm import sync_cost
+from hpctrain.comm.types import Cost, CostParams, Layout, Link
+from hpctrain.errors import CommError
+from hpctrain.runtime.waits import Wait, wait_all
+
+if TYPE_CHECKING:
+    from hpctrain.comm.group import Group
+
+__all__ = ["Exchange", "EXCHANGES", "EXCHANGE_NAMES", "Matrix", "alltoallv", "choose_exchange",
+           "exchange_counts"]
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """Bytes each rank sends each rank (``bytes[i, j]``: from ``i`` to ``j``)."""
+
+    bytes: np.ndarray
+
+    @property
+    def size(self) -> int:
+        return self.bytes.shape[0]
+
+    def off_diagonal(self) -> np.ndarray:
+        out = self.bytes.copy()
+        np.fill_diagonal(out, 0)
+        return out
+
+    def moved(self) -> int:
+        """Bytes that leave their rank, over all ranks."""
+        return int(self.off_diagonal().sum())
+
+
+class Exchange(ABC):
+    """One alltoallv algorithm; ``run`` is collective over ``group.comm``."""
+
+    name: ClassVar[str]
+
+    def enabled(self, layout: Layout) -> bool:
+        return True
+
+    @abstractmethod
+    def cost(self, matrix: Matrix, layout: Layout, params: CostParams) -> Cost:
+        """Predicted seconds of the exchange described by ``matrix``."""
+
+    @abstractmethod
+    def run(self, send: np.ndarray, out: np.ndarray, matrix: Matrix, group: Group) -> None:
+        """Move the bytes: ``send`` and ``out`` are flat ``uint8`` views, segments in rank
+        order with lengths ``matrix.bytes[rank, :]`` and ``matrix.bytes[:, rank]``."""
+
+
+def _offsets(lengths: np.ndarray) -> np.ndarray:
+    return np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+
+
+def _latency(alpha: float, layout: Layout, params: CostParams) -> float:
+    return alpha * (params.oversubscribed if layout.oversubscribed else 1.0)
+
+
+class Pairwise(Exchange):
+    """``p - 1`` rounds of ``Isend``/``Irecv`` pairs; round ``k`` pairs ``r`` with
+    ``r +- k``. A round takes as long as its largest message."""
+
+    name = "pairwise"
+
+    def cost(self, matrix: Matrix, layout: Layout, params: CostParams) -> Cost:
+        p = matrix.size
+        link: Link = params.net if layout.nodes > 1 else params.p2p
+        ranks = np.arange(p)
+        latency = transfer = 0.0
+        for k in range(1, p):
+            latency += _latency(link.alpha, layout, params)
+            transfer += link.beta * float(matrix.bytes[ranks, (ranks + k) % p].max())
+        copy = params.shm.beta * float(np.diag(matrix.bytes).max())
+        return Cost(latency_s=latency, transfer_s=transfer + copy)
+
+    def run(self, send: np.ndarray, out: np.ndarray, matrix: Matrix, group: Group) -> None:
+        comm, p, r = group.comm, group.size, group.rank
+        so, ro = _offsets(matrix.bytes[r]), _offsets(matrix.bytes[:, r])
+        out[ro[r]:ro[r + 1]] = send[so[r]:so[r + 1]]
+        for k in range(1, p):
+            dst, src = (r + k) % p, (r - k) % p
+            requests = []
+            if ro[src + 1] > ro[src]:
+                requests.append(comm.Irecv(out[ro[src]:ro[src + 1]], source=src, tag=k))
+            if so[dst + 1] > so[dst]:
+                requests.append(comm.Isend(send[so[dst]:so[dst + 1]], dest=dst, tag=k))
+            if requests:
+                wait_all(requests, Wait("alltoallv", comm, (dst, src)))
+
+
+class SharedMemory(Exchange):
+    """Copy in to this rank's row of the node's scratch window, synchronise, copy out."""
+
+    name = "shm"
+
+    def enabled(self, layout: Layout) -> bool:
+        return layout.nodes == 1
+
+    def cost(self, matrix: Matrix, layout: Layout, params: CostParams) -> Cost:
+        sent, received = matrix.bytes.sum(axis=1), matrix.bytes.sum(axis=0)
+        return Cost(latency_s=sync_cost(layout, params),
+                    transfer_s=params.shm.beta * float((sent + received).max()))
+
+    def run(self, send: np.ndarray, out: np.ndarray, matrix: Matrix, group: Group) -> None:
+        r, p = group.rank, group.size
+        arena = group.arena(int(matrix.bytes.sum(axis=1).max()))
+        half = arena.next_half()
+        arena.row(r, half, np.dtype(np.uint8), send.size)[:] = send
+        arena.sync()
+        ro = _offsets(matrix.bytes[:, r])
+        for k in range(p):
+            start = int(matrix.bytes[k, :r].sum())
+            n = int(matrix.bytes[k, r])
+            if n:
+                out[ro[k]:ro[k + 1]] = arena.row(k, half, np.dtype(np.uint8),
+                                                 start + n)[start:]
+
+
+class NativeAlltoallv(Exchange):
+    """``MPI_Alltoallv`` over ``group.comm``, fitted like the library's other collectives:
+    ``alpha`` per peer plus ``beta`` per byte of the busiest rank."""
+
+    name = "native"
+
+    def cost(self, matrix: Matrix, layout: Layout, params: CostParams) -> Cost:
+        link = params.native
+        alpha, beta = link.alpha, link.beta
+        if layout.nodes > 1:
+            alpha, beta = max(alpha, params.net.alpha), max(beta, params.net.beta)
+        off = matrix.off_diagonal()
+        busiest = float(np.maximum(off.sum(axis=1), off.sum(axis=0)).max())
+        return Cost(latency_s=_latency(alpha, layout, params) * (matrix.size - 1),
+                    transfer_s=beta * busiest)
+
+    def run(self, send: np.ndarray, out: np.ndarray, matrix: Matrix, group: Group) -> None:
+        r = group.rank
+        sc, rc = matrix.bytes[r], matrix.bytes[:, r]
+        group.comm.Alltoallv([send, sc, _offsets(sc)[:-1], MPI.BYTE],
+                             [out, rc, _offsets(rc)[:-1], MPI.BYTE])
+
+
+EXCHANGES: tuple[Exchange, ...] = (SharedMemory(), Pairwise(), NativeAlltoallv())
+EXCHANGE_NAMES = ("auto", *(e.name for e in EXCHANGES))
+_BY_NAME = {e.name: e for e in EXCHANGES}
+
+
+def choose_exchange(matrix: Matrix, layout: Layout, params: CostParams,
+                    algorithm: str = "auto") -> Exchange:
+    """The cheapest enabled exchange (the earlier on a tie), or the one named."""
+    if algorithm != "auto":
+        algo = _BY_NAME.get(algorithm)
+        if algo is None:
+            raise CommError(f"alltoallv: unknown algorithm {algorithm!r}; algorithms are: "
+                            f"{', '.join(EXCHANGE_NAMES)}")
+        if not algo.enabled(layout):
+            raise CommError(f"alltoallv: algorithm {algorithm!r} needs all ranks on one node")
+        return algo
+    options = [e for e in EXCHANGES if e.enabled(layout)]
+    return min(options, key=lambda e: e.cost(matrix, layout, params).seconds)
+
+
+def exchange_counts(counts: np.ndarray, group: Group, extra: int = 0
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """Every rank's ``counts`` (``MPI_Allgather``): the ``p x p`` row-count matrix, and
+    each rank's ``extra`` (a small non-negative integer that rides along, e.g. a flag)."""
+    mine = np.empty(group.size + 1, np.int64)
+    mine[:-1] = counts
+    mine[-1] = extra
+    every = np.empty((group.size, group.size + 1), np.int64)
+    group.comm.Allgather(mine, every)
+    return every[:, :-1], every[:, -1]
+
+
+def alltoallv(send: np.ndarray, counts: np.ndarray, *, comm: Group, algorithm: str = "auto",
+              matrix: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Send ``counts[j]`` rows of ``send`` (in rank order) to rank ``j``; returns the rows
+    received, in source order, and the count from each source. ``matrix`` is the row-count
+    matrix when the caller already exchanged it (:func:`exchange_counts`)."""
+    group = comm
+    send = np.ascontiguousarray(send)
+    counts = np.asarray(counts, dtype=np.int64)
+    if len(counts) != group.size or int(counts.sum()) != len(send) or (counts < 0).any():
+        raise CommError(f"alltoallv: rank {group.rank} passed {len(counts)} counts summing "
+                        f"to {int(counts.sum())} for {len(send)} rows; need {group.size} "
+                        f"non-negative counts summing to the rows")
+    if matrix is None:
+        matrix = exchange_counts(counts, group)[0]
+    recv = matrix[:, group.rank].copy()
+    row = send.dtype.itemsize * int(np.prod(send.shape[1:], dtype=np.int64))
+    out = np.empty((int(recv.sum()), *send.shape[1:]), dtype=send.dtype)
+    if group.size == 1:
+        out[:] = send
+        return out, recv
+    m = Matrix(matrix * row)
+    algo = choose_exchange(m, group.layout, group.params, algorithm)
+    algo.run(send.reshape(-1).view(np.uint8), out.reshape(-1).view(np.uint8), m, group)
+    return out, recv

@@ -1,0 +1,72 @@
+"""alltoallv: every exchange algorithm against numpy for awkward count matrices."""
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from hpctrain.comm import Group, alltoallv
+from hpctrain.comm.alltoall import EXCHANGE_NAMES, Matrix, choose_exchange
+from hpctrain.comm.types import CostParams, Layout
+from hpctrain.config import CommConfig
+
+WORLD = MPI.COMM_WORLD
+
+
+def count_matrices(p: int) -> dict[str, np.ndarray]:
+    """Row counts ``[i, j]`` from rank ``i`` to rank ``j``."""
+    rng = np.random.default_rng(p)
+    skew = np.ones((p, p), np.int64)
+    skew[0, p - 1] = 200_003  # one large message among tiny ones
+    silent = rng.integers(0, 50, (p, p))
+    silent[1 % p] = 0  # one rank sends nothing
+    return {"zeros": np.zeros((p, p), np.int64), "silent": silent, "skew": skew,
+            "diagonal": np.diag(np.arange(1, p + 1) * 7),
+            "random": rng.integers(0, 3000, (p, p))}
+
+
+def rows(src: int, dst: int, n: int, width: int) -> np.ndarray:
+    """What ``src`` sends ``dst``: values that name both and the position."""
+    return (np.arange(n * width, dtype=np.float64).reshape(n, width) * 1e-3
+            + 1000 * src + dst).astype(np.float32)
+
+
+@pytest.mark.mpi(ranks=(2, 3, 4), timeout=600)
+def test_alltoallv_algorithms_match_numpy():
+    p, r = WORLD.Get_size(), WORLD.Get_rank()
+    for config in (CommConfig(), CommConfig(check=True)):
+        group = Group(WORLD, config)
+        for name, counts in count_matrices(p).items():
+            for width in (1, 3):
+                send = np.concatenate([rows(r, j, counts[r, j], width) for j in range(p)])
+                expect = np.concatenate([rows(i, r, counts[i, r], width) for i in range(p)])
+                for algorithm in EXCHANGE_NAMES:
+                    got, got_counts = alltoallv(send, counts[r], comm=group,
+                                                algorithm=algorithm)
+                    np.testing.assert_array_equal(got_counts, counts[:, r])
+                    np.testing.assert_array_equal(got, expect,
+                                                  err_msg=f"{name} {width} {algorithm}")
+        # int64 rows (ids), 1-D
+        ids = np.arange(r * 100, r * 100 + 2 * p, dtype=np.int64)
+        got, _ = alltoallv(ids, np.full(p, 2), comm=group, algorithm="pairwise")
+        np.testing.assert_array_equal(
+            got, np.concatenate([np.arange(i * 100 + 2 * r, i * 100 + 2 * r + 2)
+                                 for i in range(p)]))
+        group.free()
+
+
+def test_selector_prefers_shared_memory_inside_a_node_and_needs_it_there():
+    params = CostParams()
+    one = Layout(size=4, rank=0, local_size=4, local_rank=0, nodes=1, uniform=True)
+    two = Layout(size=4, rank=0, local_size=2, local_rank=0, nodes=2, uniform=True)
+    big = Matrix(np.full((4, 4), 1 << 20, np.int64))
+    assert choose_exchange(big, one, params).name == "shm"
+    assert choose_exchange(big, two, params).name in ("pairwise", "native")
+    with pytest.raises(Exception, match="one node"):
+        choose_exchange(big, two, params, "shm")
+    # the pairwise cost sums each round's largest message
+    skew = np.zeros((4, 4), np.int64)
+    skew[0, 1] = 1000
+    cost = choose_exchange(Matrix(skew), two, params, "pairwise").cost(Matrix(skew), two,
+                                                                       params)
+    assert cost.transfer_s == pytest.approx(params.net.beta * 1000)
+    assert cost.latency_s == pytest.approx(3 * params.net.alpha)
