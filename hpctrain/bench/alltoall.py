@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from hpctrain.bench.allreduce import _calls_for, _interleaved, parse_sizes
 from hpctrain.comm.alltoall import EXCHANGES, alltoallv, choose_exchange, exchange_counts
 from hpctrain.comm.alltoall import Matrix as ByteMatrix
-from hpctrain.comm.bench import _calls_for, _interleaved, parse_sizes
 from hpctrain.comm.group import Group
 
 __all__ = ["add_arguments", "run", "COLUMNS"]
