@@ -29,7 +29,7 @@ from hpctrain.errors import ConfigError
 from hpctrain.plan.types import Prediction
 from hpctrain.runtime.env import peak_rss_bytes
 from hpctrain.runtime.world import Topology, build_topology
-from hpctrain.train.trainer import run_training
+from hpctrain.train.job import run_training
 
 __all__ = ["run_validate", "validation_rows", "format_validation"]
 
