@@ -116,8 +116,29 @@ class TrainConfig:
     batch_size: int = option(512, "global mini-batch, split over the workers", min=1)
     steps: int = option(0, "optimizer steps; 0 runs one pass over the training split", min=0)
     lr: float = option(0.05, "learning rate (dense and embedding)", min=0.0)
-    optimizer: str = option("adagrad", "sgd, or adagrad (row-wise for embedding tables)",
-                            choices=("sgd", "adagrad"))
+    optimizer: str = option("adagrad", "dense optimizer (hpctrain.train.optim); also picks "
+                                       "the tables' one when sparse_optimizer is auto",
+                            choices=("sgd", "adagrad", "adam", "adamw", "lars", "lamb"))
+    sparse_optimizer: str = option("auto", "embedding tables' optimizer: sgd, row-wise "
+                                           "adagrad or lazy adam; auto pairs sgd and lars with "
+                                           "sgd, adagrad with adagrad, adam, adamw and lamb "
+                                           "with adam", choices=("auto", "sgd", "adagrad",
+                                                                 "adam"))
+    momentum: float = option(0.0, "momentum of sgd and lars", min=0.0, max=0.999)
+    nesterov: bool = option(False, "Nesterov momentum (sgd with momentum > 0)")
+    weight_decay: float = option(0.0, "dense parameters only: L2 for sgd, adagrad and adam, "
+                                      "decoupled for adamw, inside the trust ratio for lars "
+                                      "and lamb", min=0.0)
+    betas: tuple[float, ...] = option((0.9, 0.999), "Adam moment decays (adam, adamw, lamb, "
+                                                    "lazy adam tables)", min=0.0, max=0.9999)
+    eps: float = option(1e-8, "Adam epsilon (adam, adamw, lamb, lazy adam tables)", min=0.0)
+    clip_norm: float = option(0.0, "clip the reduced dense gradient to this global L2 norm "
+                                   "(0: off)", min=0.0)
+    lr_scaling: str = option("none", "scale lr to the global batch (batch_size x accumulate) "
+                                     "against lr_base_batch: linearly or by the square root",
+                             choices=("none", "linear", "sqrt"))
+    lr_base_batch: int = option(512, "global batch at which lr is the given value "
+                                     "(lr_scaling linear or sqrt)", min=1)
     warmup_steps: int = option(30, "linear learning-rate warm-up steps", min=0)
     accumulate: int = option(1, "micro-batches accumulated per optimizer step", min=1)
     eval_every: int = option(0, "steps between held-out evaluations; 0 evaluates at the end",
@@ -131,6 +152,31 @@ class TrainConfig:
     on_nonfinite: str = option("stop", "a step with a NaN or Inf in its dense features, loss or "
                                        "gradients: stop naming step, rank and tensor, or skip "
                                        "it on every worker", choices=("stop", "skip"))
+
+    @property
+    def table_optimizer(self) -> str:
+        """The tables' optimizer: ``sparse_optimizer``, or its pair of ``optimizer``."""
+        if self.sparse_optimizer != "auto":
+            return self.sparse_optimizer
+        return {"sgd": "sgd", "lars": "sgd", "adagrad": "adagrad"}.get(self.optimizer, "adam")
+
+    def __post_init__(self) -> None:
+        if self.momentum and self.optimizer not in ("sgd", "lars"):
+            raise ConfigError(f"train.momentum = {self.momentum}: momentum applies to "
+                              f"train.optimizer sgd or lars, not {self.optimizer!r}")
+        if self.nesterov and (self.optimizer != "sgd" or not self.momentum):
+            raise ConfigError("train.nesterov needs train.optimizer = 'sgd' and "
+                              "train.momentum > 0")
+        adam = self.optimizer in ("adam", "adamw", "lamb") or self.table_optimizer == "adam"
+        if len(self.betas) != 2:
+            raise ConfigError(f"train.betas: expected two values, got {list(self.betas)}")
+        if not adam and (self.betas != (0.9, 0.999) or self.eps != 1e-8):
+            raise ConfigError("train.betas/train.eps apply to adam, adamw, lamb and lazy adam "
+                              f"tables; this job uses {self.optimizer!r} and "
+                              f"{self.table_optimizer!r} tables")
+        if self.lr_scaling == "none" and self.lr_base_batch != 512:
+            raise ConfigError("train.lr_base_batch applies with train.lr_scaling = 'linear' "
+                              "or 'sqrt'")
 
 
 @dataclass(frozen=True)
@@ -311,9 +357,35 @@ class JobConfig:
         if self.tiering.budget > 0 and self.ps.mode != "hybrid":
             raise ConfigError("tiering.budget > 0 needs ps.mode = 'hybrid' (the hot tier's "
                               "counts ride in the dense allreduce)")
+        self._check_optimizer()
         if self.data.source != "synthetic" and not self.data.paths:
             raise ConfigError(f"data.paths: data.source = {self.data.source!r} needs at least "
                               f"one input file")
+
+    def _check_optimizer(self) -> None:
+        """Optimizer settings the mode cannot honour (full PS, tensor/pipeline parallel)."""
+        tc = self.train
+        if self.ps.servers and self.ps.mode == "full":
+            if tc.optimizer not in ("sgd", "adagrad", "adam"):
+                raise ConfigError(f"train.optimizer = {tc.optimizer!r}: with ps.mode = 'full' "
+                                  f"the servers run the dense optimizer, and they run sgd, "
+                                  f"adagrad (row-wise) and adam (lazy) only")
+            if tc.table_optimizer != tc.optimizer:
+                raise ConfigError(f"train.sparse_optimizer = {tc.sparse_optimizer!r}: with "
+                                  f"ps.mode = 'full' the servers run one optimizer, "
+                                  f"train.optimizer = {tc.optimizer!r}")
+            for key in ("momentum", "weight_decay", "clip_norm"):
+                if getattr(tc, key):
+                    raise ConfigError(f"train.{key}: with ps.mode = 'full' the servers run "
+                                      f"the dense optimizer, which has no {key}")
+        grid = self.parallel.tp * self.parallel.pp
+        if grid > 1 and tc.clip_norm:
+            raise ConfigError("train.clip_norm: global-norm clipping is not built for "
+                              "parallel.tp or pp > 1 (the norm spans the grid's shards)")
+        if self.parallel.tp > 1 and tc.optimizer in ("lars", "lamb"):
+            raise ConfigError(f"train.optimizer = {tc.optimizer!r}: per-layer trust ratios "
+                              f"are not built for parallel.tp > 1 (layers are sharded)")
+
 
 
 def staleness_bound(model: str, where: str = "sync.model") -> int | None:

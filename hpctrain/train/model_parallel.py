@@ -24,7 +24,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from embeddings.collection import EmbeddingCollection, Lookup
-from embeddings.optim import SparseOptimizer
 from embeddings.replicated import ReplicatedTables
 from embeddings.tables import LocalTables, TableLayout
 from hpctrain.config import JobConfig, ParallelConfig
@@ -39,7 +38,7 @@ from hpctrain.parallel.stages import layers_of
 from hpctrain.runtime.topology import shard_range
 from hpctrain.runtime.world import Topology
 from hpctrain.train.nonfinite import NonFiniteGuard, finite_samples
-from hpctrain.train.optim import DenseOptimizer
+from hpctrain.train.optim import DenseOptimizer, sparse_optimizer
 
 __all__ = ["ModelParallelDLRM", "wants_model_parallel", "top_cuts"]
 
@@ -95,10 +94,10 @@ class ModelParallelDLRM:
             mine = FirstStage(tensor_parallel_mlp(full.bottom, groups.tensor), full._pairs, mine)
         self.module = mine.to(topo.device)
         self.engine = ParallelEngine(self.module, groups, par.schedule, topo.device, config.comm)
-        self.optimizer = DenseOptimizer(self.module.parameters(), tc.optimizer)
+        self.optimizer = DenseOptimizer.from_config(self.module.parameters(), tc)
         self.embeddings = None
         if self.engine.first:
-            tables = LocalTables(layout, SparseOptimizer(tc.optimizer), seed=tc.seed)
+            tables = LocalTables(layout, sparse_optimizer(tc), seed=tc.seed)
             self.embeddings = EmbeddingCollection(layout, ReplicatedTables(tables, groups.data),
                                                   topo.device)
 

@@ -68,7 +68,7 @@ from hpctrain.train import checkpointing, metrics
 from hpctrain.train.dense_ps import DenseOnServers, with_dense_table
 from hpctrain.train.model_parallel import ModelParallelDLRM, wants_model_parallel
 from hpctrain.train.nonfinite import NonFiniteGuard, finite_samples
-from hpctrain.train.optim import DenseOptimizer
+from hpctrain.train.optim import DenseOptimizer, scheduled_lr, sparse_optimizer
 from hpctrain.train.rundir import RunDir, default_run_dir
 from ps.service import PSJob
 
@@ -180,7 +180,7 @@ def run_training(config: JobConfig, topo: Topology,
             on_trained(trainer)
         trainer.close()
     else:
-        optimizer = SparseOptimizer(config.train.optimizer)
+        optimizer = sparse_optimizer(config.train)
         restore, on_save = checkpointing.server_hooks(
             topo.world, run_dir, config.checkpoint.keep, job.layout, job.placement,
             topo.rank - topo.workers, manifest)
@@ -248,9 +248,9 @@ class Trainer:
         self.hot_counts = self.comm.Get_size() if config.tiering.budget > 0 else 0
         self.group = Group(self.comm, config.comm)
         self.dp = DataParallel(self.model, self.group, config.comm, extra=3 + self.hot_counts)
-        self.optimizer = DenseOptimizer(self.model.parameters(), tc.optimizer)
+        self.optimizer = DenseOptimizer.from_config(self.model.parameters(), tc)
         self.job = job
-        sparse = SparseOptimizer(tc.optimizer)
+        sparse = sparse_optimizer(tc)
         if job:
             self.store = self.client = job.client(models, sparse.state_width(self.layout.dim))
             if config.ps.mode == "full":
@@ -346,8 +346,7 @@ class Trainer:
     # -- one step --------------------------------------------------------------------------
 
     def learning_rate(self, step: int) -> float:
-        tc = self.config.train
-        return tc.lr * min(1.0, (step + 1) / tc.warmup_steps) if tc.warmup_steps else tc.lr
+        return scheduled_lr(self.config.train, step)
 
     def micro_batches(self) -> Iterator[tuple[int, Batch]]:
         """(micro-batch index, this worker's slice) for every micro-batch left to run."""
