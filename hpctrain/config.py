@@ -195,6 +195,10 @@ class PSConfig:
                                  "the servers; full: dense parameters on the servers too, as "
                                  "one more table, so the sync model governs everything",
                        choices=("hybrid", "full"))
+    wire_dtype: str = option("float32", "format of pulled rows and pushed gradients on the "
+                                        "wire; bf16/fp16 halve them (rows and optimizer state "
+                                        "stay float32 on the servers; fp16 scaled per "
+                                        "message)", choices=("float32", "bf16", "fp16"))
 
 
 @dataclass(frozen=True)
@@ -297,6 +301,17 @@ class CommConfig:
     node_size: int = option(0, "ranks per node; 0 detects nodes, n > 0 treats each n "
                                "consecutive ranks as one node (exercises the inter-node "
                                "phase on one machine)", min=0)
+    wire_dtype: str = option("float32", "message format of the dense gradient reduction; "
+                                        "bf16/fp16 halve its bytes (float32 accumulation and "
+                                        "master copy; fp16 scaled per bucket to fit)",
+                             choices=("float32", "bf16", "fp16"))
+
+    def __post_init__(self) -> None:
+        if self.wire_dtype != "float32" and self.algorithm in ("native", "torch"):
+            raise ConfigError(f"comm.wire_dtype = {self.wire_dtype!r}: comm.algorithm = "
+                              f"{self.algorithm!r} cannot carry it (MPI has no 16-bit float "
+                              f"sum and widens to float32); use auto or one of the toolkit's "
+                              f"algorithms (ring, tree, ...)")
 
 
 @dataclass(frozen=True)
@@ -358,6 +373,13 @@ class JobConfig:
             raise ConfigError("tiering.budget > 0 needs ps.mode = 'hybrid' (the hot tier's "
                               "counts ride in the dense allreduce)")
         self._check_optimizer()
+        if self.ps.wire_dtype != "float32" and not self.ps.servers:
+            raise ConfigError("ps.wire_dtype applies to parameter-server traffic; this job has "
+                              "ps.servers = 0")
+        if self.comm.wire_dtype != "float32" and self.ps.servers and self.ps.mode == "full":
+            raise ConfigError("comm.wire_dtype: with ps.mode = 'full' there is no dense "
+                              "reduction (dense gradients travel in the push: see "
+                              "ps.wire_dtype)")
         if self.data.source != "synthetic" and not self.data.paths:
             raise ConfigError(f"data.paths: data.source = {self.data.source!r} needs at least "
                               f"one input file")

@@ -100,6 +100,8 @@ class Summary:
     step_times: list[dict[str, float]] = field(default_factory=list)
     """Per worker: mean, p50, p99 and max step seconds, and straggler sleep."""
     tiering: list[dict[str, object]] = field(default_factory=list)
+    dense_reduced_bytes: int = 0
+    """Bytes worker 0 handed to the dense gradient reductions (``comm.wire_dtype``)."""
 
     @property
     def step_s(self) -> float:
@@ -123,7 +125,8 @@ class Summary:
                 "skipped_lines": self.skipped_lines, "skipped_steps": self.skipped_steps,
                 "ps_clients": self.ps_clients,
                 "ps_servers": self.ps_servers, "step_times": self.step_times,
-                "staleness": self.staleness(), "tiering": self.tiering}
+                "staleness": self.staleness(), "tiering": self.tiering,
+                "dense_reduced_bytes": self.dense_reduced_bytes}
 
     def staleness(self) -> dict[str, dict[str, float]]:
         """Per table, over all servers: reads, mean, p99 and max staleness in clocks."""
@@ -554,6 +557,8 @@ class Trainer:
         summary.wall_s = time.perf_counter() - start
         summary.phase_s = {k: self.phase_s[k] for k in PHASES}
         summary.eval = self._log_eval(self.steps)
+        summary.dense_reduced_bytes = (self.hybrid.engine if self.hybrid else self).dp.fused \
+            .reduced_bytes
         facts = self.comm.gather(self._rank_facts(), root=0)
         if facts:
             summary.peak_rss_mb = [f["peak_rss_mb"] for f in facts]
