@@ -40,6 +40,7 @@ __all__ = [
     "JobConfig",
     "load_config",
     "staleness_bound",
+    "local_period",
     "dump_toml",
     "doc_table",
     "NUM_DENSE",
@@ -217,6 +218,9 @@ class SyncConfig:
                                               "step is slowed", min=0.0, max=1.0)
     straggle_factor: float = option(1.0, "transient straggler slowdown", min=1.0)
     straggler_seed: int = option(0, "seed of the transient straggler draws", min=0)
+    dense: str = option("bsp", "sync model of the dense part in data-parallel mode: bsp (a "
+                               "gradient reduction every step) or local:H (local SGD: H local "
+                               "steps between parameter averages)")
 
 
 @dataclass(frozen=True)
@@ -373,6 +377,12 @@ class JobConfig:
             raise ConfigError("tiering.budget > 0 needs ps.mode = 'hybrid' (the hot tier's "
                               "counts ride in the dense allreduce)")
         self._check_optimizer()
+        if local_period(self.sync.dense):
+            if self.ps.servers and self.ps.mode == "full":
+                raise ConfigError("sync.dense = local:H: with ps.mode = 'full' the dense "
+                                  "parameters live on the servers; use hybrid mode")
+            if self.parallel.tp * self.parallel.pp > 1:
+                raise ConfigError("sync.dense = local:H is not built for parallel.tp or pp > 1")
         if self.ps.wire_dtype != "float32" and not self.ps.servers:
             raise ConfigError("ps.wire_dtype applies to parameter-server traffic; this job has "
                               "ps.servers = 0")
@@ -408,6 +418,17 @@ class JobConfig:
             raise ConfigError(f"train.optimizer = {tc.optimizer!r}: per-layer trust ratios "
                               f"are not built for parallel.tp > 1 (layers are sharded)")
 
+
+
+def local_period(dense: str) -> int:
+    """H of ``local:H``; 0 for ``bsp`` (a reduction every step)."""
+    name, _, arg = dense.strip().lower().partition(":")
+    if name == "bsp" and not arg:
+        return 0
+    if name == "local" and arg.isdigit() and int(arg) >= 1:
+        return int(arg)
+    raise ConfigError(f"sync.dense: {dense!r}: expected 'bsp' or 'local:H' with H >= 1 local "
+                      f"steps between parameter averages, as in 'local:4'")
 
 
 def staleness_bound(model: str, where: str = "sync.model") -> int | None:

@@ -70,6 +70,7 @@ class FusedGradients:
                  wire: str = "float32") -> None:
         self.group = group
         self.reduced_bytes = 0
+        self.reductions = 0  # steps reduced (finish calls)
         resident = resident and wire == "float32"
         self.params = [p for p in params if p.requires_grad]
         if not self.params:
@@ -246,6 +247,7 @@ class FusedGradients:
                 b.handle.result()
             b.handle = None
         self._armed = False
+        self.reductions += 1
         return self.stats.cpu().numpy().astype(np.float64)
 
     def scale(self, factor: float) -> None:

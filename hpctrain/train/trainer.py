@@ -51,7 +51,7 @@ from embeddings.tables import LocalTables, TableLayout
 from embeddings.tiered import TieredStore
 from hpctrain.comm import Group
 from hpctrain.comm.native import gatherv
-from hpctrain.config import JobConfig
+from hpctrain.config import JobConfig, local_period
 from hpctrain.data import Batch, Dataset, open_dataset
 from hpctrain.data.sharding import batches_per_epoch, local_slice
 from hpctrain.models.dlrm import DLRM
@@ -66,6 +66,7 @@ from hpctrain.sync.types import SyncModel
 from hpctrain.train import checkpoint as ckpt
 from hpctrain.train import checkpointing, metrics
 from hpctrain.train.dense_ps import DenseOnServers, with_dense_table
+from hpctrain.train.local_sgd import LocalSGD
 from hpctrain.train.model_parallel import ModelParallelDLRM, wants_model_parallel
 from hpctrain.train.nonfinite import NonFiniteGuard, finite_samples
 from hpctrain.train.optim import DenseOptimizer, scheduled_lr, sparse_optimizer
@@ -102,6 +103,8 @@ class Summary:
     tiering: list[dict[str, object]] = field(default_factory=list)
     dense_reduced_bytes: int = 0
     """Bytes worker 0 handed to the dense gradient reductions (``comm.wire_dtype``)."""
+    dense_syncs: int = 0
+    """Dense synchronisations of worker 0: gradient reductions, or local SGD's averages."""
 
     @property
     def step_s(self) -> float:
@@ -126,7 +129,8 @@ class Summary:
                 "ps_clients": self.ps_clients,
                 "ps_servers": self.ps_servers, "step_times": self.step_times,
                 "staleness": self.staleness(), "tiering": self.tiering,
-                "dense_reduced_bytes": self.dense_reduced_bytes}
+                "dense_reduced_bytes": self.dense_reduced_bytes,
+                "dense_syncs": self.dense_syncs}
 
     def staleness(self) -> dict[str, dict[str, float]]:
         """Per table, over all servers: reads, mean, p99 and max staleness in clocks."""
@@ -236,6 +240,7 @@ class Trainer:
         self.step_s: list[float] = []
         self.store, self.dense_ps, self.prefetch = None, None, False
         self.client, self.tiered, self.warm_start_bytes = None, None, 0
+        self.local: LocalSGD | None = None
         self.cadence = checkpointing.Cadence(config.checkpoint, self.comm)
         self.start_step = 0
         full = job is not None and config.ps.mode == "full"
@@ -252,6 +257,8 @@ class Trainer:
         self.group = Group(self.comm, config.comm)
         self.dp = DataParallel(self.model, self.group, config.comm, extra=3 + self.hot_counts)
         self.optimizer = DenseOptimizer.from_config(self.model.parameters(), tc)
+        period = local_period(config.sync.dense)  # local SGD: the dense part syncs every H
+        self.local = LocalSGD(self.dp, period, self.steps) if period else None
         self.job = job
         sparse = sparse_optimizer(tc)
         if job:
@@ -395,7 +402,7 @@ class Trainer:
             count += len(batch)
             loss_sum += loss.item()
             self.guard.loss(loss_sum)
-            if micro == tc.accumulate - 1 and not self.dense_ps:
+            if micro == tc.accumulate - 1 and not self.dense_ps and not self.local:
                 # the last backward starts the bucket allreduces; the step's statistics and
                 # this worker's verdict on its features and loss ride in the first bucket
                 self.dp.arm(self._stats(count, loss_sum, [*lookups, lookup]))
@@ -423,8 +430,8 @@ class Trainer:
             self.step_s.append(time.perf_counter() - started)
             return total, float("nan") if skip else loss_sum / max(count, 1)
         t0 = time.perf_counter()
-        total, total_loss, flagged, *hot = self.dp.allreduce(self._stats(count, loss_sum,
-                                                                           lookups))
+        total, total_loss, flagged, *hot = (self.local or self.dp).allreduce(
+            self._stats(count, loss_sum, lookups))
         if self.tiered:
             self.tiered.expect(np.array(hot))
         if not flagged:  # no root cause anywhere: the summed gradients, the same everywhere
@@ -432,12 +439,15 @@ class Trainer:
         skip = self.guard.settle(step, flagged + self.guard.flag)
         keep = not skip and self.guard.embedding_share(step, lookups, self.layout)
         scale = 1.0 / max(total, 1.0)
-        self.dp.scale(scale)
+        self.dp.scale(self.local.scale(count) if self.local else scale)
         t1 = time.perf_counter()
         if not skip:
             self.optimizer.step(lr)
         self.dp.zero()
         t2 = time.perf_counter()
+        if self.local and self.local.after_step(step):
+            t1 += time.perf_counter() - t2  # the parameter average is dense_sync time
+            t2 = time.perf_counter()
         moving = self.tiered.stats.retier_s if self.tiered else 0.0
         rows, grads = self.embeddings.gradients(lookups if keep or self.tiered else [], scale)
         if not keep and self.tiered:  # this worker's share is dropped, but not its hot rows
@@ -557,8 +567,9 @@ class Trainer:
         summary.wall_s = time.perf_counter() - start
         summary.phase_s = {k: self.phase_s[k] for k in PHASES}
         summary.eval = self._log_eval(self.steps)
-        summary.dense_reduced_bytes = (self.hybrid.engine if self.hybrid else self).dp.fused \
-            .reduced_bytes
+        fused = (self.hybrid.engine if self.hybrid else self).dp.fused
+        summary.dense_reduced_bytes = fused.reduced_bytes
+        summary.dense_syncs = fused.reductions + (self.local.averages if self.local else 0)
         facts = self.comm.gather(self._rank_facts(), root=0)
         if facts:
             summary.peak_rss_mb = [f["peak_rss_mb"] for f in facts]
