@@ -165,6 +165,10 @@ def test_table_optimizer_pairs():
     (["train.lr_base_batch=256"], ["train.lr_base_batch"]),
     (["train.optimizer='lars'", "parallel.tp=2"], ["train.optimizer", "tp"]),
     (["train.clip_norm=1.0", "parallel.pp=2"], ["train.clip_norm"]),
+    (["sync.dense='local:0'"], ["sync.dense", "local:H"]),
+    (["sync.dense='local:4'", "ps.servers=1", "ps.mode='full'", "train.optimizer='sgd'"],
+     ["sync.dense", "full"]),
+    (["sync.dense='local:4'", "parallel.pp=2"], ["sync.dense", "pp"]),
 ])
 def test_optimizer_settings_a_mode_cannot_run(overrides, words):
     with pytest.raises(ConfigError) as err:
