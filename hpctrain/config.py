@@ -140,6 +140,8 @@ class TrainConfig:
                              choices=("none", "linear", "sqrt"))
     lr_base_batch: int = option(512, "global batch at which lr is the given value "
                                      "(lr_scaling linear or sqrt)", min=1)
+    zero: int = option(0, "ZeRO stage over the data-parallel workers: 0 off, 1 shards the "
+                          "dense optimizer state (2 and 3 are not built)", min=0, max=3)
     warmup_steps: int = option(30, "linear learning-rate warm-up steps", min=0)
     accumulate: int = option(1, "micro-batches accumulated per optimizer step", min=1)
     eval_every: int = option(0, "steps between held-out evaluations; 0 evaluates at the end",
@@ -411,6 +413,20 @@ class JobConfig:
                     raise ConfigError(f"train.{key}: with ps.mode = 'full' the servers run "
                                       f"the dense optimizer, which has no {key}")
         grid = self.parallel.tp * self.parallel.pp
+        if tc.zero:
+            c = self.checkpoint
+            why = ("is not built (ZeRO-1 only)" if tc.zero > 1 else
+                   "does not combine with ps.mode = 'full' (the dense state is on the servers)"
+                   if self.ps.servers and self.ps.mode == "full" else
+                   "is not built for parallel.tp or pp > 1" if grid > 1 else
+                   f"needs whole-layer norms: not built for {tc.optimizer}"
+                   if tc.optimizer in ("lars", "lamb") else
+                   "does not checkpoint its sharded state yet (checkpoint.* off)"
+                   if c.every_steps or c.every_minutes or c.mtbf_hours or c.at_end else
+                   "runs the dense part by gradient reductions; not with sync.dense = local:H"
+                   if local_period(self.sync.dense) else "")
+            if why:
+                raise ConfigError(f"train.zero = {tc.zero} {why}")
         if grid > 1 and tc.clip_norm:
             raise ConfigError("train.clip_norm: global-norm clipping is not built for "
                               "parallel.tp or pp > 1 (the norm spans the grid's shards)")

@@ -71,6 +71,7 @@ from hpctrain.train.model_parallel import ModelParallelDLRM, wants_model_paralle
 from hpctrain.train.nonfinite import NonFiniteGuard, finite_samples
 from hpctrain.train.optim import DenseOptimizer, scheduled_lr, sparse_optimizer
 from hpctrain.train.rundir import RunDir, default_run_dir
+from hpctrain.train.zero import ZeroOptimizer
 from ps.service import PSJob
 
 __all__ = ["Trainer", "Summary", "run_training"]
@@ -256,7 +257,8 @@ class Trainer:
         self.hot_counts = self.comm.Get_size() if config.tiering.budget > 0 else 0
         self.group = Group(self.comm, config.comm)
         self.dp = DataParallel(self.model, self.group, config.comm, extra=3 + self.hot_counts)
-        self.optimizer = DenseOptimizer.from_config(self.model.parameters(), tc)
+        self.optimizer = (ZeroOptimizer(self.dp, tc) if tc.zero else
+                          DenseOptimizer.from_config(self.model.parameters(), tc))
         period = local_period(config.sync.dense)  # local SGD: the dense part syncs every H
         self.local = LocalSGD(self.dp, period, self.steps) if period else None
         self.job = job

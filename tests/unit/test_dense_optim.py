@@ -177,3 +177,19 @@ def test_optimizer_settings_a_mode_cannot_run(overrides, words):
     assert "\n" not in message
     for word in words:
         assert word in message
+
+
+@pytest.mark.parametrize("overrides,words", [
+    (["train.zero=3"], ["train.zero = 3", "not built"]),
+    (["train.zero=2"], ["train.zero = 2", "not built"]),
+    (["train.zero=1", "ps.servers=1", "ps.mode='full'", "train.optimizer='sgd'"],
+     ["train.zero = 1", "full"]),
+    (["train.zero=1", "train.optimizer='lamb'"], ["train.zero = 1", "lamb"]),
+    (["train.zero=1", "checkpoint.every_steps=5"], ["train.zero = 1", "checkpoint"]),
+])
+def test_zero_settings_not_built_are_one_line(overrides, words):
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=overrides, env={})
+    assert "\n" not in str(err.value)
+    for word in words:
+        assert word in str(err.value)
