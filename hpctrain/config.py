@@ -412,6 +412,10 @@ class JobConfig:
                 if getattr(tc, key):
                     raise ConfigError(f"train.{key}: with ps.mode = 'full' the servers run "
                                       f"the dense optimizer, which has no {key}")
+        if tc.on_nonfinite == "skip" and self.tiering.budget > 0 and tc.table_optimizer == "adam":
+            raise ConfigError("train.on_nonfinite = 'skip' with tiering: a skipped step still "
+                              "sums zero gradients into the hot rows, which lazy adam tables "
+                              "would move (train.sparse_optimizer sgd or adagrad, or stop)")
         grid = self.parallel.tp * self.parallel.pp
         if tc.zero:
             c = self.checkpoint

@@ -166,6 +166,8 @@ def test_table_optimizer_pairs():
     (["train.optimizer='lars'", "parallel.tp=2"], ["train.optimizer", "tp"]),
     (["train.clip_norm=1.0", "parallel.pp=2"], ["train.clip_norm"]),
     (["sync.dense='local:0'"], ["sync.dense", "local:H"]),
+    (["train.optimizer='adam'", "train.on_nonfinite='skip'", "ps.servers=1",
+      "tiering.budget=0.1"], ["train.on_nonfinite", "lazy adam"]),
     (["sync.dense='local:4'", "ps.servers=1", "ps.mode='full'", "train.optimizer='sgd'"],
      ["sync.dense", "full"]),
     (["sync.dense='local:4'", "parallel.pp=2"], ["sync.dense", "pp"]),
