@@ -35,7 +35,7 @@ from hpctrain.parallel.pipeline import micro_sizes
 from hpctrain.parallel.stages import layers_of
 from hpctrain.runtime.topology import shard_range
 from hpctrain.runtime.world import Topology
-from hpctrain.train.engine import DenseEngine, Embed, Reduced, StepWork
+from hpctrain.train.engine import DenseEngine, DenseTraffic, Embed, Reduced, StepWork
 from hpctrain.train.nonfinite import NonFiniteGuard
 from hpctrain.train.optim import DenseOptimizer
 
@@ -89,7 +89,7 @@ class GridDense(DenseEngine):
             mine = FirstStage(tensor_parallel_mlp(full.bottom, groups.tensor), full._pairs, mine)
         self.module = mine.to(topo.device)
         self.engine = ParallelEngine(self.module, groups, par.schedule, topo.device, config.comm)
-        self.optimizer = DenseOptimizer(self.module.parameters(), tc.optimizer)
+        self.optimizer = DenseOptimizer.from_config(self.module.parameters(), tc)
         self.scores_here = self.engine.last and self.shard == 0
         self._reduced: Reduced | None = None
 
@@ -147,6 +147,10 @@ class GridDense(DenseEngine):
 
     def buckets(self) -> int:
         return len(self.engine.dp.fused.buckets)
+
+    def traffic(self) -> DenseTraffic:
+        fused = self.engine.dp.fused
+        return DenseTraffic(fused.reduced_bytes, fused.reductions)
 
 
 class NoTables(EmbeddingStore):
