@@ -20,7 +20,11 @@ it (``update``) and the store takes the touched rows' gradients (``push``). Per 
 - replicated: every worker holds every row (``ReplicatedTables``); the engine
   (``ReplicatedDense``) sums gradients and statistics in bucketed allreduces that start
   during the last backward, divides by the global count and steps the dense optimizer;
-  the push all-gathers the touched rows and applies the same update everywhere.
+  the push all-gathers the touched rows and applies the same update everywhere. With
+  ``train.zero = 1`` its optimizer (``ZeroOptimizer``) steps this worker's chunk of the
+  parameters and allgathers the rest; with ``sync.dense = "local:H"`` the engine is
+  ``LocalSGDDense``: statistics summed every step, gradients kept local, parameters
+  averaged every H steps.
 - PS hybrid: as replicated, but the rows live on the servers behind ``PSClient``, which
   prefetches the next micro-batch's rows and pushes the gradients to their shards.
 - PS full: the dense parameters are one more table on the servers; ``ServerDense`` pulls
