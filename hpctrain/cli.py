@@ -30,7 +30,6 @@ from hpctrain.errors import ConfigError, HpctrainError
 from hpctrain.runtime.abort import USER_ERROR, run_guarded, world_rank
 from hpctrain.runtime.log import setup_logging
 from hpctrain.runtime.world import Topology, build_topology
-from hpctrain.sync.models import parse_models
 
 __all__ = ["main"]
 
@@ -49,9 +48,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             overrides.append(f"train.run_dir={args.resume!r}")
         config = load_config(job, overrides)
         if args.command == "compare-sync":
-            parse_models(args.models)
-            if not config.ps.servers:  # sync models govern parameter-server tables
-                config = load_config(args.job, ["ps.servers=1", "ps.mode='full'", *args.set,
+            from hpctrain.train.compare import sync_variants
+
+            local = any(s.dense != "bsp" for _, s in sync_variants(args.models, config.sync))
+            if not config.ps.servers:  # sync models govern parameter-server tables; local
+                mode = "hybrid" if local else "full"  # SGD needs the dense part on workers
+                config = load_config(args.job, ["ps.servers=1", f"ps.mode={mode!r}", *args.set,
                                                 *_command_overrides(args)])
         setup_logging(world_rank(), config.runtime.log_level)
         topo = build_topology(config) if args.command in _NEEDS_WORLD else None
@@ -97,7 +99,9 @@ def _parser() -> argparse.ArgumentParser:
     compare = command("compare-sync", "train the job under several sync models and compare "
                                       "them (table, summary.json, loss.png)")
     compare.add_argument("--models", default="bsp,ssp:2,ssp:8,asp",
-                         help="comma-separated: bsp, ssp:S, asp (default bsp,ssp:2,ssp:8,asp)")
+                         help="comma-separated: bsp, ssp:S, asp, local:H (local SGD for the "
+                              "dense part; a job without servers then runs hybrid, not full) "
+                              "(default bsp,ssp:2,ssp:8,asp)")
     compare.add_argument("--stragglers", default="none",
                          help="none, transient:P:FACTOR or persistent:WORKER[+WORKER]:FACTOR")
     compare.add_argument("--target-loss", type=float, default=None,

@@ -41,6 +41,7 @@ __all__ = [
     "JobConfig",
     "load_config",
     "staleness_bound",
+    "local_period",
     "dump_toml",
     "doc_table",
     "NUM_DENSE",
@@ -117,8 +118,31 @@ class TrainConfig:
     batch_size: int = option(512, "global mini-batch, split over the workers", min=1)
     steps: int = option(0, "optimizer steps; 0 runs one pass over the training split", min=0)
     lr: float = option(0.05, "learning rate (dense and embedding)", min=0.0)
-    optimizer: str = option("adagrad", "sgd, or adagrad (row-wise for embedding tables)",
-                            choices=("sgd", "adagrad"))
+    optimizer: str = option("adagrad", "dense optimizer (hpctrain.train.optim); also picks "
+                                       "the tables' one when sparse_optimizer is auto",
+                            choices=("sgd", "adagrad", "adam", "adamw", "lars", "lamb"))
+    sparse_optimizer: str = option("auto", "embedding tables' optimizer: sgd, row-wise "
+                                           "adagrad or lazy adam; auto pairs sgd and lars with "
+                                           "sgd, adagrad with adagrad, adam, adamw and lamb "
+                                           "with adam", choices=("auto", "sgd", "adagrad",
+                                                                 "adam"))
+    momentum: float = option(0.0, "momentum of sgd and lars", min=0.0, max=0.999)
+    nesterov: bool = option(False, "Nesterov momentum (sgd with momentum > 0)")
+    weight_decay: float = option(0.0, "dense parameters only: L2 for sgd, adagrad and adam, "
+                                      "decoupled for adamw, inside the trust ratio for lars "
+                                      "and lamb", min=0.0)
+    betas: tuple[float, ...] = option((0.9, 0.999), "Adam moment decays (adam, adamw, lamb, "
+                                                    "lazy adam tables)", min=0.0, max=0.9999)
+    eps: float = option(1e-8, "Adam epsilon (adam, adamw, lamb, lazy adam tables)", min=0.0)
+    clip_norm: float = option(0.0, "clip the reduced dense gradient to this global L2 norm "
+                                   "(0: off)", min=0.0)
+    lr_scaling: str = option("none", "scale lr to the global batch (batch_size x accumulate) "
+                                     "against lr_base_batch: linearly or by the square root",
+                             choices=("none", "linear", "sqrt"))
+    lr_base_batch: int = option(512, "global batch at which lr is the given value "
+                                     "(lr_scaling linear or sqrt)", min=1)
+    zero: int = option(0, "ZeRO stage over the data-parallel workers: 0 off, 1 shards the "
+                          "dense optimizer state (2 and 3 are not built)", min=0, max=3)
     warmup_steps: int = option(30, "linear learning-rate warm-up steps", min=0)
     accumulate: int = option(1, "micro-batches accumulated per optimizer step", min=1)
     eval_every: int = option(0, "steps between held-out evaluations; 0 evaluates at the end",
@@ -132,6 +156,31 @@ class TrainConfig:
     on_nonfinite: str = option("stop", "a step with a NaN or Inf in its dense features, loss or "
                                        "gradients: stop naming step, rank and tensor, or skip "
                                        "it on every worker", choices=("stop", "skip"))
+
+    @property
+    def table_optimizer(self) -> str:
+        """The tables' optimizer: ``sparse_optimizer``, or its pair of ``optimizer``."""
+        if self.sparse_optimizer != "auto":
+            return self.sparse_optimizer
+        return {"sgd": "sgd", "lars": "sgd", "adagrad": "adagrad"}.get(self.optimizer, "adam")
+
+    def __post_init__(self) -> None:
+        if self.momentum and self.optimizer not in ("sgd", "lars"):
+            raise ConfigError(f"train.momentum = {self.momentum}: momentum applies to "
+                              f"train.optimizer sgd or lars, not {self.optimizer!r}")
+        if self.nesterov and (self.optimizer != "sgd" or not self.momentum):
+            raise ConfigError("train.nesterov needs train.optimizer = 'sgd' and "
+                              "train.momentum > 0")
+        adam = self.optimizer in ("adam", "adamw", "lamb") or self.table_optimizer == "adam"
+        if len(self.betas) != 2:
+            raise ConfigError(f"train.betas: expected two values, got {list(self.betas)}")
+        if not adam and (self.betas != (0.9, 0.999) or self.eps != 1e-8):
+            raise ConfigError("train.betas/train.eps apply to adam, adamw, lamb and lazy adam "
+                              f"tables; this job uses {self.optimizer!r} and "
+                              f"{self.table_optimizer!r} tables")
+        if self.lr_scaling == "none" and self.lr_base_batch != 512:
+            raise ConfigError("train.lr_base_batch applies with train.lr_scaling = 'linear' "
+                              "or 'sqrt'")
 
 
 @dataclass(frozen=True)
@@ -150,6 +199,10 @@ class PSConfig:
                                  "the servers; full: dense parameters on the servers too, as "
                                  "one more table, so the sync model governs everything",
                        choices=("hybrid", "full"))
+    wire_dtype: str = option("float32", "format of pulled rows and pushed gradients on the "
+                                        "wire; bf16/fp16 halve them (rows and optimizer state "
+                                        "stay float32 on the servers; fp16 scaled per "
+                                        "message)", choices=("float32", "bf16", "fp16"))
 
 
 @dataclass(frozen=True)
@@ -188,6 +241,9 @@ class SyncConfig:
                                               "step is slowed", min=0.0, max=1.0)
     straggle_factor: float = option(1.0, "transient straggler slowdown", min=1.0)
     straggler_seed: int = option(0, "seed of the transient straggler draws", min=0)
+    dense: str = option("bsp", "sync model of the dense part in data-parallel mode: bsp (a "
+                               "gradient reduction every step) or local:H (local SGD: H local "
+                               "steps between parameter averages)")
 
 
 @dataclass(frozen=True)
@@ -272,6 +328,17 @@ class CommConfig:
     node_size: int = option(0, "ranks per node; 0 detects nodes, n > 0 treats each n "
                                "consecutive ranks as one node (exercises the inter-node "
                                "phase on one machine)", min=0)
+    wire_dtype: str = option("float32", "message format of the dense gradient reduction; "
+                                        "bf16/fp16 halve its bytes (float32 accumulation and "
+                                        "master copy; fp16 scaled per bucket to fit)",
+                             choices=("float32", "bf16", "fp16"))
+
+    def __post_init__(self) -> None:
+        if self.wire_dtype != "float32" and self.algorithm in ("native", "torch"):
+            raise ConfigError(f"comm.wire_dtype = {self.wire_dtype!r}: comm.algorithm = "
+                              f"{self.algorithm!r} cannot carry it (MPI has no 16-bit float "
+                              f"sum and widens to float32); use auto or one of the toolkit's "
+                              f"algorithms (ring, tree, ...)")
 
 
 @dataclass(frozen=True)
@@ -344,9 +411,77 @@ class JobConfig:
         if e.mode == "alltoall" and self.parallel.tp * self.parallel.pp > 1:
             raise ConfigError("embeddings.mode = 'alltoall' does not combine with "
                               "parallel.tp/pp > 1 (tables on pipeline stage 0)")
+        self._check_optimizer()
+        if local_period(self.sync.dense):
+            if self.ps.servers and self.ps.mode == "full":
+                raise ConfigError("sync.dense = local:H: with ps.mode = 'full' the dense "
+                                  "parameters live on the servers; use hybrid mode")
+            if self.parallel.tp * self.parallel.pp > 1:
+                raise ConfigError("sync.dense = local:H is not built for parallel.tp or pp > 1")
+        if self.ps.wire_dtype != "float32" and not self.ps.servers:
+            raise ConfigError("ps.wire_dtype applies to parameter-server traffic; this job has "
+                              "ps.servers = 0")
+        if self.comm.wire_dtype != "float32" and self.ps.servers and self.ps.mode == "full":
+            raise ConfigError("comm.wire_dtype: with ps.mode = 'full' there is no dense "
+                              "reduction (dense gradients travel in the push: see "
+                              "ps.wire_dtype)")
         if self.data.source != "synthetic" and not self.data.paths:
             raise ConfigError(f"data.paths: data.source = {self.data.source!r} needs at least "
                               f"one input file")
+
+    def _check_optimizer(self) -> None:
+        """Optimizer settings the mode cannot honour (full PS, tensor/pipeline parallel)."""
+        tc = self.train
+        if self.ps.servers and self.ps.mode == "full":
+            if tc.optimizer not in ("sgd", "adagrad", "adam"):
+                raise ConfigError(f"train.optimizer = {tc.optimizer!r}: with ps.mode = 'full' "
+                                  f"the servers run the dense optimizer, and they run sgd, "
+                                  f"adagrad (row-wise) and adam (lazy) only")
+            if tc.table_optimizer != tc.optimizer:
+                raise ConfigError(f"train.sparse_optimizer = {tc.sparse_optimizer!r}: with "
+                                  f"ps.mode = 'full' the servers run one optimizer, "
+                                  f"train.optimizer = {tc.optimizer!r}")
+            for key in ("momentum", "weight_decay", "clip_norm"):
+                if getattr(tc, key):
+                    raise ConfigError(f"train.{key}: with ps.mode = 'full' the servers run "
+                                      f"the dense optimizer, which has no {key}")
+        if tc.on_nonfinite == "skip" and self.tiering.budget > 0 and tc.table_optimizer == "adam":
+            raise ConfigError("train.on_nonfinite = 'skip' with tiering: a skipped step still "
+                              "sums zero gradients into the hot rows, which lazy adam tables "
+                              "would move (train.sparse_optimizer sgd or adagrad, or stop)")
+        grid = self.parallel.tp * self.parallel.pp
+        if tc.zero:
+            c = self.checkpoint
+            why = ("is not built (ZeRO-1 only)" if tc.zero > 1 else
+                   "does not combine with ps.mode = 'full' (the dense state is on the servers)"
+                   if self.ps.servers and self.ps.mode == "full" else
+                   "is not built for parallel.tp or pp > 1" if grid > 1 else
+                   f"needs whole-layer norms: not built for {tc.optimizer}"
+                   if tc.optimizer in ("lars", "lamb") else
+                   "does not checkpoint its sharded state yet (checkpoint.* off)"
+                   if c.every_steps or c.every_minutes or c.mtbf_hours or c.at_end else
+                   "runs the dense part by gradient reductions; not with sync.dense = local:H"
+                   if local_period(self.sync.dense) else "")
+            if why:
+                raise ConfigError(f"train.zero = {tc.zero} {why}")
+        if grid > 1 and tc.clip_norm:
+            raise ConfigError("train.clip_norm: global-norm clipping is not built for "
+                              "parallel.tp or pp > 1 (the norm spans the grid's shards)")
+        if self.parallel.tp > 1 and tc.optimizer in ("lars", "lamb"):
+            raise ConfigError(f"train.optimizer = {tc.optimizer!r}: per-layer trust ratios "
+                              f"are not built for parallel.tp > 1 (layers are sharded)")
+
+
+
+def local_period(dense: str) -> int:
+    """H of ``local:H``; 0 for ``bsp`` (a reduction every step)."""
+    name, _, arg = dense.strip().lower().partition(":")
+    if name == "bsp" and not arg:
+        return 0
+    if name == "local" and arg.isdigit() and int(arg) >= 1:
+        return int(arg)
+    raise ConfigError(f"sync.dense: {dense!r}: expected 'bsp' or 'local:H' with H >= 1 local "
+                      f"steps between parameter averages, as in 'local:4'")
 
 
 def staleness_bound(model: str, where: str = "sync.model") -> int | None:

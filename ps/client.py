@@ -29,9 +29,18 @@ from embeddings.optim import coalesce
 from embeddings.sharding import Placement
 from embeddings.tables import TableLayout
 from embeddings.types import BackingStore, RowSink, RowSource
+from hpctrain.comm.wire import itemsize
 from hpctrain.errors import EmbeddingError
 from hpctrain.runtime.waits import Wait, wait_all
-from ps.types import TAG_REQUEST, Op, decode_reply, encode_request, reply_capacity, reply_tag
+from ps.types import (
+    TAG_REQUEST,
+    Op,
+    decode_reply,
+    encode_request,
+    reply_bytes,
+    reply_capacity,
+    reply_tag,
+)
 
 __all__ = ["PSClient", "ClientStats"]
 
@@ -49,6 +58,8 @@ class ClientStats:
     pull_bytes_sent: int = 0  # pull requests (headers and ids)
     pull_bytes_received: int = 0  # pull replies (status and rows)
     push_bytes_sent: int = 0  # pushes (headers, ids and gradient rows) and clock ticks
+    pull_payload_bytes: int = 0  # of pull_bytes_received: the rows (ps.wire_dtype)
+    push_payload_bytes: int = 0  # of push_bytes_sent: the gradient rows (ps.wire_dtype)
     pull_wait_s: float = 0.0
     prefetch_hits: int = 0
     rows_read: int = 0  # READ: rows taken over with their optimizer state
@@ -76,10 +87,12 @@ class _Pending:
 class PSClient(BackingStore):
     def __init__(self, comm: MPI.Intracomm, layout: TableLayout, placement: Placement,
                  servers: Sequence[int], table_groups: Sequence[int] | None = None,
-                 state_width: int = 0) -> None:
+                 state_width: int = 0, wire: str = "float32") -> None:
         """``table_groups[t]`` labels table ``t``'s sync model; tables of different labels
         never share a pull request, so each request is governed by one model.
-        ``state_width``: the servers' optimizer state per row (for ``read``/``write``)."""
+        ``state_width``: the servers' optimizer state per row (for ``read``/``write``).
+        ``wire``: the format of pulled rows and pushed gradients (``ps.wire_dtype``)."""
+        self.wire = wire
         self.comm = comm
         self.layout = layout
         self.dim = layout.dim
@@ -113,18 +126,19 @@ class PSClient(BackingStore):
         """Overwrite ``rows`` (sorted unique) on their servers with ``values``: ``dim`` wide
         (optimizer state reset), or ``dim + state_width`` (values then optimizer state, as
         :meth:`read` returns them); returns once every server has applied it."""
-        receives, keep = [], []
+        receives, keep, acks = [], [], []
         for index, _, tables, counts, ids, positions in self._split(rows, by_model=True):
             seq = self._next_seq()
             ack = np.empty(reply_capacity(0, self.dim), dtype=np.uint8)
+            acks.append(ack)
             receives.append(self.comm.Irecv(ack, source=self.servers[index], tag=reply_tag(seq)))
             buf = encode_request(Op.WRITE, self.clock, seq, 0, tables, counts, ids,
                                  np.ascontiguousarray(values[positions], dtype=np.float32))
             keep.append((self.comm.Isend(buf, dest=self.servers[index], tag=TAG_REQUEST), buf))
             self.stats.move_bytes_sent += buf.nbytes
-            self.stats.move_bytes_received += 16
         self.stats.rows_written += len(rows)
         wait_all(receives + [r for r, _ in keep], Wait("write", self.comm, self._peers(rows)))
+        self.stats.move_bytes_received += sum(reply_bytes(ack) for ack in acks)
 
     def push(self, rows: np.ndarray, grads: np.ndarray, lr: float) -> None:
         rows, grads = coalesce(rows, grads)
@@ -132,9 +146,10 @@ class PSClient(BackingStore):
         for index, _, tables, counts, ids, positions in self._split(rows, by_model=False):
             payload = np.ascontiguousarray(grads[positions])
             buf = encode_request(Op.PUSH, self.clock, self._next_seq(), 0, tables, counts,
-                                 ids, payload, lr)
+                                 ids, payload, lr, self.wire)
             self._send(index, buf)
             self.stats.push_bytes_sent += buf.nbytes
+            self.stats.push_payload_bytes += payload.size * itemsize(self.wire)
             self.stats.rows_pushed += len(ids)
         self.stats.pushes += 1
         self.clock += 1
@@ -204,7 +219,8 @@ class PSClient(BackingStore):
             seq = self._next_seq()
             reply = np.empty(reply_capacity(len(ids), width), dtype=np.uint8)
             recv = self.comm.Irecv(reply, source=self.servers[index], tag=reply_tag(seq))
-            buf = encode_request(op, step, seq, slack, tables, counts, ids)
+            buf = encode_request(op, step, seq, slack, tables, counts, ids,
+                                 wire=self.wire if op == Op.PULL else "float32")
             pending.sends.append((self.comm.Isend(buf, dest=self.servers[index],
                                                   tag=TAG_REQUEST), buf))
             pending.parts.append((reply, positions, recv))
@@ -230,10 +246,11 @@ class PSClient(BackingStore):
             out[positions] = values
             if pending.op == Op.PULL:
                 self.stats.rows_pulled += len(positions)
-                self.stats.pull_bytes_received += 16 + values.nbytes
+                self.stats.pull_bytes_received += reply_bytes(reply)
+                self.stats.pull_payload_bytes += values.size * itemsize(self.wire)
             else:
                 self.stats.rows_read += len(positions)
-                self.stats.move_bytes_received += 16 + values.nbytes
+                self.stats.move_bytes_received += reply_bytes(reply)
         return out
 
     def _send(self, index: int, buf: np.ndarray) -> None:

@@ -205,7 +205,7 @@ class Server:
                 reply = encode_rows(self.store.tables.read(slots))
                 self.stats.rows_read += len(slots)
             else:
-                reply = encode_rows(self.store.tables.pull(slots))
+                reply = encode_rows(self.store.tables.pull(slots), request.wire)
                 self.stats.rows_out += len(slots)
         self.stats.bytes_out += reply.nbytes
         self.sending.append((self.comm.Isend(reply, dest=source, tag=reply_tag(request.seq)),

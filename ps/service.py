@@ -37,6 +37,7 @@ class PSJob:
     layout: TableLayout
     plan: ShardingPlan
     placement: Placement
+    wire: str = "float32"  # ps.wire_dtype: pulled rows and pushed gradients
 
     @classmethod
     def create(cls, world: MPI.Intracomm, roles: Roles, layout: TableLayout,
@@ -51,7 +52,7 @@ class PSJob:
         plan = ShardingPlan.from_json(world.bcast(text, root=0))
         comm = world.Dup()
         comm.Set_name("hpctrain.ps")
-        return cls(comm, roles, layout, plan, Placement(plan))
+        return cls(comm, roles, layout, plan, Placement(plan), config.wire_dtype)
 
     def client(self, models: Sequence[SyncModel] | None = None,
                state_width: int = 0) -> PSClient:
@@ -61,7 +62,7 @@ class PSJob:
         groups = None if models is None else [sorted(set(models), key=str).index(m)
                                               for m in models]
         return PSClient(self.comm, self.layout, self.placement, self.roles.server_ranks(),
-                        groups, state_width)
+                        groups, state_width, self.wire)
 
     def serve(self, optimizer: SparseOptimizer, seed: int, models: Sequence[SyncModel],
               deterministic: bool = False,

@@ -2,19 +2,27 @@
 
 Every request is one byte buffer, sent with tag :data:`TAG_REQUEST`:
 
-    int64  op, step, seq, slack, ntables; float64 lr (PUSH: the learning rate to apply)
+    int64  op, step, seq, slack, ntables, wire; float64 lr (PUSH: the learning rate to
+           apply), scale (PUSH: what the gradients were multiplied by)
     int64  table[ntables], count[ntables]
     int64  ids[sum(count)]                  (ids within each table, grouped by table)
-    float32 grads[sum(count), dim]          (PUSH: gradients; WRITE: new values, or new
-                                            values then optimizer state [.., dim + state])
+    wire   grads[sum(count), dim]           (PUSH: gradients in the wire format)
+    float32 values[sum(count), ..]          (WRITE: new values, or new values then
+                                            optimizer state [.., dim + state])
 
 Every reply is one byte buffer, sent with tag ``reply_tag(seq)`` so that a worker with
 several requests in flight matches each reply to its request:
 
-    int64  status (0 = rows follow, 1 = UTF-8 error message follows), payload bytes
-    float32 rows[n, dim]  or  rows[n, dim + state] (READ)  or  nothing (WRITE)  or  UTF-8 message
+    int64  status (0 = rows follow, 1 = UTF-8 error message follows), payload bytes, wire;
+    float64 scale
+    wire   rows[n, dim] (PULL: in the request's wire format)  or  float32 rows[n, dim + state]
+           (READ)  or  nothing (WRITE)  or  UTF-8 message
 
-The layout keeps every array aligned, so decoding is zero-copy views into the buffer.
+``wire`` is the payload's format (:mod:`hpctrain.comm.wire`: 0 float32, 1 bf16, 2 fp16; a
+PULL's reply comes in the format of its request, ``ps.wire_dtype``), and ``scale`` the power
+of two fp16 values were multiplied by. Rows and optimizer state moved with READ/WRITE stay
+float32. The layout keeps every array aligned, so float32 decoding is zero-copy views into
+the buffer.
 """
 
 from __future__ import annotations
@@ -24,14 +32,17 @@ from enum import IntEnum
 
 import numpy as np
 
+from hpctrain.comm.wire import decode, encode, wire_code, wire_of
+
 __all__ = ["Op", "Request", "TAG_REQUEST", "reply_tag", "encode_request", "decode_request",
-           "encode_rows", "encode_error", "reply_capacity", "decode_reply", "HEADER"]
+           "encode_rows", "encode_error", "reply_capacity", "decode_reply", "reply_bytes",
+           "HEADER"]
 
 TAG_REQUEST = 7
 _TAG_REPLY_BASE = 1024
 _TAG_REPLY_SPAN = 16384
-HEADER = 6
-_STATUS_BYTES = 16
+HEADER = 8
+_STATUS_BYTES = 32
 _MIN_ERROR_ROOM = 1024
 
 
@@ -59,6 +70,7 @@ class Request:
     counts: np.ndarray  # int64 [ntables]
     ids: np.ndarray  # int64 [n]
     grads: np.ndarray | None = None  # float32 [n, dim] (PUSH), [n, dim + state] (WRITE)
+    wire: str = "float32"  # PUSH payload and PULL reply format
 
     def table_ids(self):
         """(table, ids) groups in message order."""
@@ -70,25 +82,31 @@ class Request:
 
 def encode_request(op: Op, step: int, seq: int, slack: int, tables: np.ndarray,
                    counts: np.ndarray, ids: np.ndarray, grads: np.ndarray | None = None,
-                   lr: float = 0.0) -> np.ndarray:
+                   lr: float = 0.0, wire: str = "float32") -> np.ndarray:
+    """A request; PUSH gradients travel in ``wire`` format, WRITE values in float32, and a
+    PULL asks for its reply in ``wire``."""
     n_ints = HEADER + 2 * len(tables) + len(ids)
-    payload = 0 if grads is None else grads.size * 4
-    buf = np.empty(n_ints * 8 + payload, dtype=np.uint8)
+    scale = 1.0
+    payload = None
+    if grads is not None:
+        payload, scale = encode(grads, wire if op == Op.PUSH else "float32")
+    buf = np.empty(n_ints * 8 + (0 if payload is None else payload.nbytes), dtype=np.uint8)
     ints = buf[: n_ints * 8].view(np.int64)
-    ints[: HEADER - 1] = (int(op), step, seq, slack, len(tables))
-    ints[HEADER - 1: HEADER].view(np.float64)[0] = lr
+    ints[: HEADER - 2] = (int(op), step, seq, slack, len(tables), wire_code(wire))
+    ints[HEADER - 2: HEADER].view(np.float64)[:] = (lr, scale)
     ints[HEADER: HEADER + len(tables)] = tables
     ints[HEADER + len(tables): HEADER + 2 * len(tables)] = counts
     ints[HEADER + 2 * len(tables):] = ids
-    if grads is not None:
-        buf[n_ints * 8:].view(np.float32)[:] = grads.reshape(-1)
+    if payload is not None:
+        buf[n_ints * 8:] = payload.view(np.uint8)
     return buf
 
 
 def decode_request(buf: np.ndarray, dim: int) -> Request:
     head = buf[: HEADER * 8].view(np.int64)
-    op, step, seq, slack, ntables = (int(x) for x in head[: HEADER - 1])
-    lr = float(head[HEADER - 1:].view(np.float64)[0])
+    op, step, seq, slack, ntables, code = (int(x) for x in head[: HEADER - 2])
+    lr, scale = (float(x) for x in head[HEADER - 2:].view(np.float64))
+    wire = wire_of(code)
     ints = buf[: (HEADER + 2 * ntables) * 8].view(np.int64)
     tables = ints[HEADER: HEADER + ntables]
     counts = ints[HEADER + ntables:]
@@ -97,10 +115,10 @@ def decode_request(buf: np.ndarray, dim: int) -> Request:
     ids = buf[(HEADER + 2 * ntables) * 8: end].view(np.int64)
     grads = None
     if op == Op.PUSH:
-        grads = buf[end:].view(np.float32).reshape(n, dim)
+        grads = decode(buf[end:], wire, scale).reshape(n, dim)
     elif op == Op.WRITE:  # values alone, or values then optimizer state
         grads = buf[end:].view(np.float32).reshape(n, -1 if n else dim)
-    return Request(Op(op), step, seq, slack, lr, tables, counts, ids, grads)
+    return Request(Op(op), step, seq, slack, lr, tables, counts, ids, grads, wire)
 
 
 def reply_capacity(rows: int, dim: int) -> int:
@@ -108,25 +126,35 @@ def reply_capacity(rows: int, dim: int) -> int:
     return _STATUS_BYTES + max(rows * dim * 4, _MIN_ERROR_ROOM)
 
 
-def encode_rows(rows: np.ndarray) -> np.ndarray:
-    buf = np.empty(_STATUS_BYTES + rows.size * 4, dtype=np.uint8)
-    buf[:_STATUS_BYTES].view(np.int64)[:] = (0, rows.size * 4)
-    buf[_STATUS_BYTES:].view(np.float32)[:] = rows.reshape(-1)
+def encode_rows(rows: np.ndarray, wire: str = "float32") -> np.ndarray:
+    payload, scale = encode(rows, wire)
+    buf = np.empty(_STATUS_BYTES + payload.nbytes, dtype=np.uint8)
+    head = buf[:_STATUS_BYTES].view(np.int64)
+    head[:3] = (0, payload.nbytes, wire_code(wire))
+    head[3:].view(np.float64)[0] = scale
+    buf[_STATUS_BYTES:] = payload.view(np.uint8)
     return buf
 
 
 def encode_error(message: str) -> np.ndarray:
     text = message.encode("utf-8")[:_MIN_ERROR_ROOM]
     buf = np.zeros(_STATUS_BYTES + len(text), dtype=np.uint8)
-    buf[:_STATUS_BYTES].view(np.int64)[:] = (1, len(text))
+    buf[:_STATUS_BYTES].view(np.int64)[:3] = (1, len(text), 0)
     buf[_STATUS_BYTES:] = np.frombuffer(text, dtype=np.uint8)
     return buf
 
 
 def decode_reply(buf: np.ndarray, rows: int, dim: int) -> np.ndarray | str:
-    """The pulled rows ``[rows, dim]`` (a view into ``buf``), or the server's error text."""
-    status, size = (int(x) for x in buf[:_STATUS_BYTES].view(np.int64))
+    """The pulled rows ``[rows, dim]`` as float32 (a view into ``buf`` when they travelled
+    as float32), or the server's error text."""
+    head = buf[:_STATUS_BYTES].view(np.int64)
+    status, size, code = (int(x) for x in head[:3])
     body = buf[_STATUS_BYTES: _STATUS_BYTES + size]
     if status:
         return body.tobytes().decode("utf-8", errors="replace")
-    return body.view(np.float32).reshape(rows, dim)
+    return decode(body, wire_of(code), float(head[3:].view(np.float64)[0])).reshape(rows, dim)
+
+
+def reply_bytes(buf: np.ndarray) -> int:
+    """Bytes of the reply in ``buf`` as sent (status block and payload)."""
+    return _STATUS_BYTES + int(buf[:_STATUS_BYTES].view(np.int64)[1])

@@ -20,7 +20,11 @@ slice) and the buffer is float32/float64 on the CPU, it lives in the node's shar
 (:meth:`Group.resident`) and a :class:`~hpctrain.comm.window.ResidentAllreduce` reduces it
 with no copy, advanced from the hooks without blocking. Otherwise a single communication
 thread runs each bucket's :func:`~hpctrain.comm.collectives.allreduce` in launch order
-(needs ``MPI_THREAD_MULTIPLE``; without it buckets are reduced at launch).
+(needs ``MPI_THREAD_MULTIPLE``; without it buckets are reduced at launch). With a 16-bit
+``wire`` (``comm.wire_dtype``) each bucket travels as bf16/fp16 through a
+:class:`~hpctrain.comm.wire.WireAllreduce` (the extra slots stay float32) and the buffers
+stay out of the shared window. :attr:`FusedGradients.reduced_bytes` counts the bytes handed
+to the collectives.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from hpctrain.comm import ring, window
 from hpctrain.comm.collectives import allreduce, as_storage
 from hpctrain.comm.group import Group
 from hpctrain.comm.types import OP_KERNEL
+from hpctrain.comm.wire import WireAllreduce
 from hpctrain.errors import CommError
 
 __all__ = ["FusedGradients", "Bucket"]
@@ -54,14 +59,19 @@ class Bucket:
     pending: int = 0
     handle: Any = None
     resident_op: window.ResidentAllreduce | None = None
+    wire_op: WireAllreduce | None = None
 
 
 class FusedGradients:
     """Bucketed, overlapped gradient allreduce (sum) of ``params`` over ``group.comm``."""
 
     def __init__(self, params: Sequence[torch.nn.Parameter], group: Group, bucket_bytes: int,
-                 extra: int = 0, resident: bool = True, overlap: bool = True) -> None:
+                 extra: int = 0, resident: bool = True, overlap: bool = True,
+                 wire: str = "float32") -> None:
         self.group = group
+        self.reduced_bytes = 0
+        self.reductions = 0  # steps reduced (finish calls)
+        resident = resident and wire == "float32"
         self.params = [p for p in params if p.requires_grad]
         if not self.params:
             raise CommError("FusedGradients: no parameter requires a gradient")
@@ -104,6 +114,10 @@ class FusedGradients:
         self._grad_ptrs = {id(p): p.grad.data_ptr() for p in self.params}
         for index, b in enumerate(self.buckets):
             b.resident_op = self._resident_op(index, b)
+            view = self.buffers[b.buffer][b.lo: b.hi]
+            if wire != "float32" and view.dtype == torch.float32:
+                b.wire_op = WireAllreduce(view, group, wire, extra if b is self.buckets[0]
+                                          else 0)
         self._ordered = group.layout.nodes > 1
         self._armed = False
         self._launched = 0
@@ -190,13 +204,19 @@ class FusedGradients:
 
     def _launch(self, bucket: Bucket) -> None:
         self._launched += 1
+        view = self.buffers[bucket.buffer][bucket.lo: bucket.hi]
+        self.reduced_bytes += (bucket.wire_op.bytes if bucket.wire_op else
+                               view.numel() * view.element_size())
         if bucket.resident_op is not None:
             bucket.handle = bucket.resident_op.start()
         elif self._thread is not None:
-            view = self.buffers[bucket.buffer][bucket.lo: bucket.hi]
-            bucket.handle = self._thread.submit(allreduce, view, comm=self.group)
+            bucket.handle = (self._thread.submit(bucket.wire_op) if bucket.wire_op else
+                             self._thread.submit(allreduce, view, comm=self.group))
         else:
-            allreduce(self.buffers[bucket.buffer][bucket.lo: bucket.hi], comm=self.group)
+            if bucket.wire_op:
+                bucket.wire_op()
+            else:
+                allreduce(view, comm=self.group)
             bucket.handle = None
 
     def _progress(self) -> None:
@@ -227,6 +247,7 @@ class FusedGradients:
                 b.handle.result()
             b.handle = None
         self._armed = False
+        self.reductions += 1
         return self.stats.cpu().numpy().astype(np.float64)
 
     def scale(self, factor: float) -> None:

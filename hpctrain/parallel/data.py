@@ -31,7 +31,8 @@ class DataParallel:
         self.params = [p for p in module.parameters() if p.requires_grad]
         self._broadcast_parameters()
         self.fused = FusedGradients(self.params, group, config.bucket_kib * 1024, extra,
-                                    resident=config.resident, overlap=config.overlap)
+                                    resident=config.resident, overlap=config.overlap,
+                                    wire=config.wire_dtype)
 
     def _broadcast_parameters(self) -> None:
         """Broadcast of all parameters from rank 0 over ``group``, so replicas start

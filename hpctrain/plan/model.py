@@ -76,10 +76,13 @@ class Workload:
     bottom: tuple[int, ...]  # layer widths including the 13 inputs
     top: tuple[int, ...]  # layer widths including the interaction input
     batch: int
-    optimizer: str
+    optimizer: str  # the dense one (train.optimizer)
     zipf: float
     accumulate: int
     prefetch: bool
+    table_optimizer: str
+    """The tables' optimizer (``train.sparse_optimizer`` resolved)."""
+    momentum: float
 
     @property
     def tables(self) -> int:
@@ -92,12 +95,15 @@ class Workload:
     @property
     def state_width(self) -> int:
         """float32 optimizer values per table row (hpctrain's sparse optimizers)."""
-        return SparseOptimizer(self.optimizer).state_width(self.dim)
+        return SparseOptimizer(self.table_optimizer).state_width(self.dim)
 
     @property
     def dense_state(self) -> int:
-        """float32 optimizer values per dense parameter (Adagrad's sum of squares)."""
-        return 1 if self.optimizer == "adagrad" else 0
+        """float32 optimizer values per dense parameter (hpctrain.train.optim): Adagrad's
+        sum of squares, a momentum buffer, or Adam's two moments."""
+        if self.optimizer in ("adam", "adamw", "lamb"):
+            return 2
+        return 1 if self.optimizer == "adagrad" or self.momentum else 0
 
 
 def workload(config: JobConfig) -> Workload:
@@ -107,7 +113,8 @@ def workload(config: JobConfig) -> Workload:
     return Workload(sizes, m.embedding_dim, (NUM_DENSE, *m.bottom_mlp),
                     (interaction_width(len(sizes), m.embedding_dim), *m.top_mlp),
                     config.train.batch_size, config.train.optimizer, config.data.zipf,
-                    config.train.accumulate, config.ps.prefetch)
+                    config.train.accumulate, config.ps.prefetch, config.train.table_optimizer,
+                    config.train.momentum)
 
 
 def _linear_params(widths: tuple[int, ...]) -> int:

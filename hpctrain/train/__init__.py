@@ -20,7 +20,11 @@ it (``update``) and the store takes the touched rows' gradients (``push``). Per 
 - replicated: every worker holds every row (``ReplicatedTables``); the engine
   (``ReplicatedDense``) sums gradients and statistics in bucketed allreduces that start
   during the last backward, divides by the global count and steps the dense optimizer;
-  the push all-gathers the touched rows and applies the same update everywhere.
+  the push all-gathers the touched rows and applies the same update everywhere. With
+  ``train.zero = 1`` its optimizer (``ZeroOptimizer``) steps this worker's chunk of the
+  parameters and allgathers the rest; with ``sync.dense = "local:H"`` the engine is
+  ``LocalSGDDense``: statistics summed every step, gradients kept local, parameters
+  averaged every H steps.
 - all-to-all: as replicated, but each worker owns a shard of the rows
   (``ShardedTables``, planned on worker 0); lookups and pushes are ``alltoallv`` exchanges
   with the rows' owners, which apply the sparse optimizer.

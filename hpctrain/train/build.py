@@ -4,7 +4,9 @@ The one place that asks which mode a job runs in. A worker gets
 
 - a dense engine (:mod:`hpctrain.train.engine`): :class:`~hpctrain.train.dense_grid.GridDense`
   when ``parallel.tp * parallel.pp > 1``, :class:`~hpctrain.train.dense_ps.ServerDense` when
-  ``ps.mode = "full"``, else :class:`~hpctrain.train.dense_dp.ReplicatedDense`;
+  ``ps.mode = "full"``, :class:`~hpctrain.train.local_sgd.LocalSGDDense` when
+  ``sync.dense = "local:H"``, else :class:`~hpctrain.train.dense_dp.ReplicatedDense`, stepping
+  the dense optimizer of ``train.optimizer`` (state sharded by ZeRO-1 with ``train.zero = 1``);
 - an embedding store: replicas on every worker (on pipeline stage 0 with tp/pp), shards
   reached by all-to-all exchanges (``embeddings.mode = "alltoall"``, planned on worker 0),
   the parameter servers' client, or the tiered store over that client when
@@ -34,9 +36,11 @@ from embeddings.types import EmbeddingStore
 from embeddings.worker_sharding import WorkerPlan, plan_workers
 from hpctrain.comm import Group
 from hpctrain.comm.owner import communicators
-from hpctrain.config import JobConfig
+from hpctrain.config import JobConfig, local_period
 from hpctrain.data import Dataset
+from hpctrain.data.sharding import batches_per_epoch
 from hpctrain.models.dlrm import DLRM
+from hpctrain.parallel.data import DataParallel
 from hpctrain.parallel.groups import parallel_groups
 from hpctrain.runtime.abort import agree
 from hpctrain.runtime.topology import shard_range
@@ -49,12 +53,15 @@ from hpctrain.train.dense_dp import ReplicatedDense
 from hpctrain.train.dense_grid import GridDense, NoTables, wants_model_parallel
 from hpctrain.train.dense_ps import DenseOnServers, ServerDense
 from hpctrain.train.engine import DenseEngine, StepWork
+from hpctrain.train.local_sgd import LocalSGDDense
 from hpctrain.train.nonfinite import NonFiniteGuard
+from hpctrain.train.optim import DenseOptimizer, sparse_optimizer
 from hpctrain.train.stats import StepStats
+from hpctrain.train.zero import ZeroOptimizer
 from ps.client import ClientStats, PSClient
 from ps.service import PSJob
 
-__all__ = ["Counters", "WorkerParts", "build_worker"]
+__all__ = ["Counters", "WorkerParts", "build_worker", "step_count"]
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +111,7 @@ def build_worker(config: JobConfig, topo: Topology, dataset: Dataset, layout: Ta
     torch.manual_seed(tc.seed)
     model = DLRM(config.model, len(layout.specs)).to(topo.device)
     group = communicators(topo).workers()
-    sparse = SparseOptimizer(tc.optimizer)
+    sparse = sparse_optimizer(tc)
     client, store, tiered = None, None, None
     plan_json = job.plan.to_json() if job else ""
     if job is None and config.embeddings.layout(config.ps.servers) == "alltoall":
@@ -124,8 +131,8 @@ def build_worker(config: JobConfig, topo: Topology, dataset: Dataset, layout: Ta
         samples = tc.accumulate * min(tc.batch_size, dataset.num_samples("train"))
         engine = ServerDense(model, guard, tc.accumulate, comm, dense, samples, topo.device)
     else:
-        engine = ReplicatedDense(model, guard, tc.accumulate, group, config.comm, stats,
-                                 tc.optimizer, topo.device)
+        engine = _replicated(config, model, guard, group, stats, step_count(config, dataset),
+                             topo.device)
     if manifest is not None:
         _restore(engine, store, manifest)
     if tiered:
@@ -155,6 +162,28 @@ def _alltoall_plan(config: JobConfig, layout: TableLayout, group: Group) -> str:
     return group.comm.bcast(made.to_json() if made else None, root=0)
 
 
+def step_count(config: JobConfig, dataset: Dataset) -> int:
+    """Optimizer steps the job runs: ``train.steps``, or one pass over the training split."""
+    tc = config.train
+    epoch = batches_per_epoch(dataset.num_samples("train"), tc.batch_size)
+    return tc.steps or max(1, epoch // tc.accumulate)
+
+
+def _replicated(config: JobConfig, model: DLRM, guard: NonFiniteGuard, group: Group,
+                stats: StepStats[StepWork], steps: int,
+                device: torch.device) -> ReplicatedDense:
+    """The data-parallel engine: gradients reduced every step, or local SGD's averages
+    every H steps; its optimizer is ``train.optimizer``, sharded when ``train.zero = 1``."""
+    tc = config.train
+    dp = DataParallel(model, group, config.comm, extra=stats.size)
+    period = local_period(config.sync.dense)
+    optimizer = ZeroOptimizer(dp, tc) if tc.zero else DenseOptimizer.from_config(dp.params, tc)
+    if period:
+        return LocalSGDDense(model, guard, tc.accumulate, dp, stats, optimizer, device,
+                             period, steps)
+    return ReplicatedDense(model, guard, tc.accumulate, dp, stats, optimizer, device)
+
+
 def _restore(engine: DenseEngine, store: EmbeddingStore, manifest: ckpt.Manifest) -> None:
     """Dense state, then the store's rows and clock, from ``manifest``."""
     checkpointing.read_dense(Path(manifest.path), *engine.state())
@@ -167,7 +196,7 @@ def _grid_worker(config: JobConfig, topo: Topology, layout: TableLayout,
     groups = parallel_groups(topo.grid, communicators(topo))
     engine = GridDense(config, topo, groups, layout, guard)
     tc = config.train
-    store = (ReplicatedTables(LocalTables(layout, SparseOptimizer(tc.optimizer), seed=tc.seed),
+    store = (ReplicatedTables(LocalTables(layout, sparse_optimizer(tc), seed=tc.seed),
                               groups.data) if engine.stage == 0 else NoTables(layout.dim))
     return WorkerParts(engine, store, EmbeddingCollection(layout, store, topo.device), guard,
                        layout, "", lambda: Counters(None, None), None, None)

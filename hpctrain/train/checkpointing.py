@@ -93,6 +93,7 @@ def shape_of(config: JobConfig, layout: TableLayout) -> dict[str, str]:
     return {"table_sizes": json.dumps([int(n) for n in layout.sizes]),
             "model.embedding_dim": str(m.embedding_dim), "model.bottom_mlp": str(m.bottom_mlp),
             "model.top_mlp": str(m.top_mlp), "train.optimizer": config.train.optimizer,
+            "train.sparse_optimizer": config.train.table_optimizer,
             "ps.mode": config.ps.mode if config.ps.servers else "replicated"}
 
 

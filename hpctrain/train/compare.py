@@ -18,13 +18,13 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from hpctrain.config import JobConfig
+from hpctrain.config import JobConfig, SyncConfig, local_period
 from hpctrain.errors import ConfigError
 from hpctrain.runtime.world import Topology
 from hpctrain.sync.models import parse_models
 from hpctrain.train.job import run_training
 
-__all__ = ["straggler_overrides", "compare_sync"]
+__all__ = ["straggler_overrides", "sync_variants", "compare_sync"]
 
 log = logging.getLogger(__name__)
 
@@ -48,21 +48,35 @@ def straggler_overrides(spec: str) -> list[str]:
                       f"persistent:1:3)")
 
 
+def sync_variants(models_text: str, sync: SyncConfig) -> list[tuple[str, SyncConfig]]:
+    """(label, sync section) per item of ``--models``: ``bsp``, ``ssp:S`` and ``asp`` set
+    ``sync.model``; ``local:H`` sets ``sync.dense`` (local SGD) and keeps the tables' model."""
+    variants = []
+    for text in (t.strip().lower() for t in models_text.split(",") if t.strip()):
+        if text.startswith("local"):
+            local_period(text)
+            variants.append((text, dataclasses.replace(sync, dense=text)))
+        else:
+            model = parse_models(text)[0]
+            variants.append((model.name, dataclasses.replace(sync, model=model.name)))
+    if not variants:
+        parse_models(models_text)  # the error for an empty list
+    return variants
+
+
 def compare_sync(config: JobConfig, topo: Topology, models_text: str, out: str,
                  target_loss: float | None) -> dict[str, Any] | None:
     """Train ``config`` once per model; world rank 0 returns (and writes) the comparison."""
-    models = parse_models(models_text)
     out_dir = Path(out)
     runs = []
-    for model in models:
-        name = model.name.replace(":", "")
-        tc = dataclasses.replace(config.train, run_dir=str(out_dir / name), progress=False)
-        run_config = dataclasses.replace(
-            config, train=tc, sync=dataclasses.replace(config.sync, model=model.name))
-        log.info("compare-sync: training under %s", model.name)
+    for label, sync in sync_variants(models_text, config.sync):
+        tc = dataclasses.replace(config.train, run_dir=str(out_dir / label.replace(":", "")),
+                                 progress=False)
+        run_config = dataclasses.replace(config, train=tc, sync=sync)
+        log.info("compare-sync: training under %s", label)
         summary = run_training(run_config, topo)
         if topo.rank == 0:
-            runs.append((model.name, summary))
+            runs.append((label, summary))
     if topo.rank != 0:
         return None
     result = _tabulate(runs, out_dir, target_loss)
@@ -94,6 +108,7 @@ def _tabulate(runs, out_dir: Path, target_loss: float | None) -> dict[str, Any]:
             "final_auc": summary.eval.get("auc"),
             "samples_per_s": summary.samples_per_s,
             "wall_s": summary.wall_s,
+            "dense_syncs": summary.dense_syncs,
             "staleness_mean": sum(t["mean"] * t["reads"] for t in tables.values()) / reads,
             "staleness_p99": max((t["p99"] for t in tables.values()), default=0.0),
             "staleness_max": max((t["max"] for t in tables.values()), default=0.0),

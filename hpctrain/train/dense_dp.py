@@ -5,6 +5,8 @@ micro-batches; :class:`ReplicatedDense` sums the gradients over the workers by t
 allreduces of :class:`~hpctrain.parallel.data.DataParallel`, which start during the last
 backward, with the step's named statistics (:mod:`hpctrain.train.stats`) in the first
 bucket, then divides by the global sample count (an exact mean, also for uneven slices).
+The optimizer it steps is the builder's choice: :class:`~hpctrain.train.optim.DenseOptimizer`,
+or ZeRO-1's :class:`~hpctrain.train.zero.ZeroOptimizer` (state sharded over the group).
 """
 
 from __future__ import annotations
@@ -16,15 +18,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from hpctrain.comm import Group
-from hpctrain.config import CommConfig
 from hpctrain.data.types import Batch
 from hpctrain.models.dlrm import DLRM
 from hpctrain.parallel.data import DataParallel
-from hpctrain.train.engine import DenseEngine, Embed, Reduced, StepWork
+from hpctrain.train.engine import DenseEngine, DenseTraffic, Embed, Reduced, StepWork
 from hpctrain.train.nonfinite import NonFiniteGuard
 from hpctrain.train.optim import DenseOptimizer
 from hpctrain.train.stats import StepStats
+from hpctrain.train.zero import ZeroOptimizer
 
 __all__ = ["LocalDense", "ReplicatedDense"]
 
@@ -61,16 +62,15 @@ class LocalDense(DenseEngine):
 
 
 class ReplicatedDense(LocalDense):
-    """A replica of the dense model on each worker of ``group``, kept identical by summing
-    the gradients (and ``stats``) over the group."""
+    """A replica of the dense model on each worker of ``dp``'s group, kept identical by
+    summing the gradients (and ``stats``) over the group."""
 
-    def __init__(self, model: DLRM, guard: NonFiniteGuard, accumulate: int, group: Group,
-                 comm: CommConfig, stats: StepStats[StepWork], optimizer: str,
+    def __init__(self, model: DLRM, guard: NonFiniteGuard, accumulate: int, dp: DataParallel,
+                 stats: StepStats[StepWork], optimizer: DenseOptimizer | ZeroOptimizer,
                  device: torch.device) -> None:
-        super().__init__(model, guard, accumulate, group.rank, group.size, device)
-        self.stats = stats
-        self.dp = DataParallel(model, group, comm, extra=stats.size)
-        self.optimizer = DenseOptimizer(model.parameters(), optimizer)
+        """``dp`` carries ``stats.size`` extra values in its first bucket."""
+        super().__init__(model, guard, accumulate, dp.group.rank, dp.group.size, device)
+        self.stats, self.dp, self.optimizer = stats, dp, optimizer
 
     def last_backward(self, work: StepWork) -> None:
         """The last backward starts the bucket allreduces, the statistics in the first."""
@@ -99,3 +99,7 @@ class ReplicatedDense(LocalDense):
 
     def close(self) -> None:
         self.dp.close()
+
+    def traffic(self) -> DenseTraffic:
+        fused = self.dp.fused
+        return DenseTraffic(fused.reduced_bytes, fused.reductions)

@@ -35,7 +35,7 @@ from hpctrain.parallel.pipeline import micro_sizes
 from hpctrain.parallel.stages import layers_of
 from hpctrain.runtime.topology import shard_range
 from hpctrain.runtime.world import Topology
-from hpctrain.train.engine import DenseEngine, Embed, Reduced, StepWork
+from hpctrain.train.engine import DenseEngine, DenseTraffic, Embed, Reduced, StepWork
 from hpctrain.train.nonfinite import NonFiniteGuard
 from hpctrain.train.optim import DenseOptimizer
 
@@ -90,7 +90,7 @@ class GridDense(DenseEngine):
         self.module = mine.to(topo.device)
         self.groups = groups
         self.engine = ParallelEngine(self.module, groups, par.schedule, topo.device, config.comm)
-        self.optimizer = DenseOptimizer(self.module.parameters(), tc.optimizer)
+        self.optimizer = DenseOptimizer.from_config(self.module.parameters(), tc)
         self.scores_here = self.engine.last and self.shard == 0
         self._reduced: Reduced | None = None
 
@@ -152,6 +152,10 @@ class GridDense(DenseEngine):
     def close(self) -> None:
         self.engine.close()
         self.groups.close()
+
+    def traffic(self) -> DenseTraffic:
+        fused = self.engine.dp.fused
+        return DenseTraffic(fused.reduced_bytes, fused.reductions)
 
 
 class NoTables(EmbeddingStore):

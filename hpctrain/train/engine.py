@@ -22,7 +22,7 @@ from torch import nn
 from embeddings.collection import Lookup
 from hpctrain.data.types import Batch
 
-__all__ = ["DenseEngine", "Embed", "Reduced", "StepWork"]
+__all__ = ["DenseEngine", "DenseTraffic", "Embed", "Reduced", "StepWork"]
 
 Embed = Callable[[Batch], torch.Tensor]
 """The embeddings ``[B, T, dim]`` of a batch's sparse ids (recording the lookup)."""
@@ -49,6 +49,16 @@ class Reduced:
     samples: int
     loss: float
     flagged: float
+
+
+@dataclass(frozen=True)
+class DenseTraffic:
+    """This rank's dense synchronisation so far, for the summary."""
+
+    reduced_bytes: int = 0
+    """Bytes handed to the dense gradient reductions (``comm.wire_dtype`` halves them)."""
+    syncs: int = 0
+    """Dense synchronisations: gradient reductions, or local SGD's parameter averages."""
 
 
 class DenseEngine(ABC):
@@ -103,6 +113,10 @@ class DenseEngine(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Stop the engine's comm thread and free the groups it made (collective over
         them)."""
+
+    def traffic(self) -> DenseTraffic:
+        """What the dense synchronisation moved (nothing where the layout has none)."""
+        return DenseTraffic()
 
     def tensor(self, array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(array).to(self.device)

@@ -13,7 +13,6 @@ import dataclasses
 import logging
 from collections.abc import Callable
 
-from embeddings.optim import SparseOptimizer
 from embeddings.tables import TableLayout
 from hpctrain.config import JobConfig
 from hpctrain.data import Dataset, open_dataset
@@ -24,6 +23,7 @@ from hpctrain.sync.models import table_models
 from hpctrain.train import checkpoint as ckpt
 from hpctrain.train import checkpointing
 from hpctrain.train.dense_ps import with_dense_table
+from hpctrain.train.optim import sparse_optimizer
 from hpctrain.train.report import Summary
 from hpctrain.train.rundir import default_run_dir
 from hpctrain.train.trainer import Trainer
@@ -101,7 +101,7 @@ class TrainingJob:
         restore, on_save = checkpointing.server_hooks(
             topo.world, config.train.run_dir, config.checkpoint.keep, self.ps.layout,
             self.ps.placement, topo.rank - topo.workers, self.manifest)
-        return self.ps.serve(SparseOptimizer(config.train.optimizer), config.train.seed,
+        return self.ps.serve(sparse_optimizer(config.train), config.train.seed,
                              self.models, config.sync.deterministic, restore,
                              on_save)
 

@@ -58,6 +58,10 @@ class Summary:
     ps_servers: list[ServerStats] = field(default_factory=list)
     step_times: list[StepTimes] = field(default_factory=list)
     tiering: list[TieringStats] = field(default_factory=list)
+    dense_reduced_bytes: int = 0
+    """Bytes worker 0 handed to the dense gradient reductions (``comm.wire_dtype``)."""
+    dense_syncs: int = 0
+    """Dense synchronisations of worker 0: gradient reductions, or local SGD's averages."""
 
     @property
     def step_s(self) -> float:
@@ -82,7 +86,9 @@ class Summary:
                 "ps_clients": [c.as_dict() for c in self.ps_clients],
                 "ps_servers": [s.as_dict() for s in self.ps_servers],
                 "step_times": [asdict(t) for t in self.step_times],
-                "staleness": self.staleness(), "tiering": [t.as_dict() for t in self.tiering]}
+                "staleness": self.staleness(), "tiering": [t.as_dict() for t in self.tiering],
+                "dense_reduced_bytes": self.dense_reduced_bytes,
+                "dense_syncs": self.dense_syncs}
 
     def staleness(self) -> dict[str, dict[str, float]]:
         """Per table, over all servers: reads, mean, p99 and max staleness in clocks."""

@@ -34,7 +34,7 @@ from hpctrain.comm.native import gatherv
 from hpctrain.comm.owner import communicators
 from hpctrain.config import JobConfig
 from hpctrain.data import Batch, Dataset, open_dataset
-from hpctrain.data.sharding import batches_per_epoch, local_slice
+from hpctrain.data.sharding import local_slice
 from hpctrain.runtime.env import peak_rss_bytes
 from hpctrain.runtime.topology import shard_range
 from hpctrain.runtime.world import Topology
@@ -42,10 +42,11 @@ from hpctrain.sync.stragglers import Stragglers
 from hpctrain.sync.types import SyncModel
 from hpctrain.train import checkpoint as ckpt
 from hpctrain.train import checkpointing, metrics
-from hpctrain.train.build import Counters, build_worker
+from hpctrain.train.build import Counters, build_worker, step_count
 from hpctrain.train.checkpoint_rows import RowFiles
 from hpctrain.train.engine import Embed, StepWork
 from hpctrain.train.nonfinite import finite_samples
+from hpctrain.train.optim import scheduled_lr
 from hpctrain.train.report import PHASES, StepTimes, Summary
 from hpctrain.train.rundir import RunDir, default_run_dir
 from ps.service import PSJob
@@ -70,10 +71,8 @@ class Trainer:
         self.dataset = dataset or open_dataset(config.data)
         self.layout = layout or TableLayout.from_sizes(self.dataset.table_sizes,
                                                        config.model.embedding_dim)
-        tc = config.train
-        epoch = batches_per_epoch(self.dataset.num_samples("train"), tc.batch_size)
-        self.steps = tc.steps or max(1, epoch // tc.accumulate)
-        self.run = (RunDir(tc.run_dir or default_run_dir(), config)
+        self.steps = step_count(config, self.dataset)
+        self.run = (RunDir(config.train.run_dir or default_run_dir(), config)
                     if self.comm.Get_rank() == 0 else None)
         self.phase_s: dict[str, float] = defaultdict(float)
         sc = config.sync
@@ -157,8 +156,7 @@ class Trainer:
     # -- one step --------------------------------------------------------------------------
 
     def learning_rate(self, step: int) -> float:
-        tc = self.config.train
-        return tc.lr * min(1.0, (step + 1) / tc.warmup_steps) if tc.warmup_steps else tc.lr
+        return scheduled_lr(self.config.train, step)
 
     def micro_batches(self) -> Iterator[tuple[int, Batch]]:
         """(micro-batch index, this worker's slice) for every micro-batch left to run."""
@@ -331,6 +329,8 @@ class Trainer:
         summary.wall_s = time.perf_counter() - start
         summary.phase_s = {k: self.phase_s[k] for k in PHASES}
         summary.eval = self._log_eval(self.steps)
+        traffic = self.engine.traffic()
+        summary.dense_reduced_bytes, summary.dense_syncs = traffic.reduced_bytes, traffic.syncs
         facts = self.comm.gather(self._rank_facts(), root=0)
         if facts:
             summary.peak_rss_mb = [f.peak_rss_mb for f in facts]

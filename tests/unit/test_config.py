@@ -20,7 +20,7 @@ def test_defaults_are_the_embedded_job():
     ("train.batch_size=-3", ["train.batch_size", ">= 1", "-3"]),
     ("train.batch_size=2.5", ["train.batch_size", "an integer"]),
     ("train.progress=1", ["train.progress", "true or false"]),
-    ("train.optimizer=adam", ["train.optimizer", "'sgd', 'adagrad'"]),
+    ("train.optimizer=rmsprop", ["train.optimizer", "'sgd', 'adagrad', 'adam'"]),
     ("train.lr=nan", ["train.lr", "nan"]),
     ("data.table_sizes=[3, 0]", ["data.table_sizes[1]", ">= 1"]),
     ("data.eval_fraction=0.95", ["data.eval_fraction", "[0.0, 0.9]"]),

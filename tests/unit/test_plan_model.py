@@ -54,6 +54,10 @@ def test_memory_accounting_replicated_and_ps():
     assert server.memory["table_shards"] == rows * 17 * 4
     sgd = workload(load_config("jobs/configs/default.toml", ["train.optimizer='sgd'"]))
     assert predict(sgd, Proposal(dp=2), cluster()).ranks[0].memory["tables"] == rows * 16 * 4
+    adamw = workload(load_config("jobs/configs/default.toml", ["train.optimizer='adamw'"]))
+    memory = predict(adamw, Proposal(dp=2), cluster()).ranks[0].memory  # lazy-Adam tables
+    assert memory["tables"] == rows * (16 + 2 * 16 + 1) * 4
+    assert memory["optimizer_state"] == 2 * memory["weights"]  # dense m and v
     tp = predict(w, Proposal(dp=1, tp=2, micro_batches=2), cluster()).ranks[0].memory
     assert tp["weights"] < worker_weights_of(rep)
 

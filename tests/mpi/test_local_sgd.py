@@ -1,0 +1,41 @@
+"""Local SGD (sync.dense = local:H): H = 1 is BSP, H = 4 syncs a quarter as often."""
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from hpctrain.config import load_config
+from hpctrain.runtime.world import build_topology
+from hpctrain.train.trainer import Trainer
+
+WORLD = MPI.COMM_WORLD
+
+
+def train(tmp_path, dense: str, *extra: str) -> tuple[np.ndarray, np.ndarray, object]:
+    config = load_config(overrides=[
+        "data.table_sizes=[50, 200, 1000, 7]", "data.train_samples=3000",
+        "data.eval_samples=300", "model.embedding_dim=8", "model.bottom_mlp=[16, 8]",
+        "model.top_mlp=[16, 1]", "train.progress=false", "train.batch_size=48",
+        "train.steps=8", "train.optimizer=sgd", "train.lr=0.3", "train.warmup_steps=0",
+        f"sync.dense={dense!r}", f"train.run_dir={str(tmp_path / dense.replace(':', ''))!r}",
+        *extra], env={})
+    trainer = Trainer(config, build_topology(config))
+    summary = trainer.fit()
+    return trainer.dense_parameters(), trainer.table_rows(), summary
+
+
+@pytest.mark.mpi(ranks=(2, 3), timeout=300)
+def test_local_sgd_h1_is_bsp_and_h4_syncs_a_quarter(tmp_path):
+    bsp_dense, bsp_tables, bsp = train(tmp_path, "bsp")
+    one_dense, one_tables, one = train(tmp_path, "local:1")
+    np.testing.assert_allclose(one_dense, bsp_dense, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(one_tables, bsp_tables, rtol=1e-5, atol=1e-6)
+    four_dense, _, four = train(tmp_path, "local:4")
+    # every replica ends with the same, averaged parameters, not BSP's
+    replicas = WORLD.allgather(four_dense)
+    assert all(np.array_equal(r, replicas[0]) for r in replicas)
+    assert not np.allclose(four_dense, bsp_dense, rtol=1e-4, atol=1e-5)
+    if WORLD.Get_rank() == 0:
+        assert bsp.dense_syncs == one.dense_syncs == 8
+        assert four.dense_syncs / bsp.dense_syncs == 0.25
+        assert four.eval["log_loss"] == four.eval["log_loss"]  # trained and evaluated
