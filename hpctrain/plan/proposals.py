@@ -52,7 +52,7 @@ def candidates(config: JobConfig, ranks: int) -> list[Proposal]:
             out += [Proposal("ps", k, "hybrid", hot, dp=dp, bucket_kib=bucket)
                     for hot in HOT_FRACTIONS]
         out += [Proposal("alltoall", sharding=s, dp=ranks, bucket_kib=bucket)
-                for s in ("row", "table")]
+                for s in ("row_wise", "table_wise")]
     stages = len(config.model.top_mlp) + 1
     for tp in _powers(max(ranks, 1)):
         for pp in _powers(min(stages, max(ranks, 1))):

@@ -104,7 +104,8 @@ def test_ranking_and_infeasible_reasons():
     assert any("do not divide" in r for rs in reasons.values() for r in rs)  # tp=2 on 3 ranks
     assert any("does not divide over dp 3" in r for rs in reasons.values() for r in rs)
     a2a = [q for q in predictions if q.proposal.embeddings == "alltoall"]
-    assert a2a and not any(q.runnable for q in a2a)
+    assert a2a and all(q.runnable and not any("sharding" in r for r in q.infeasible)
+                       for q in a2a)  # embeddings.mode = "alltoall" is built
     small = plan(config, cluster(2, memory_per_rank="310MiB"))
     assert not any(q.feasible for q in small)
     assert "over the 310 MiB per rank by" in small[0].infeasible[-1]
