@@ -56,6 +56,7 @@ from hpctrain.data import Batch, Dataset, open_dataset
 from hpctrain.data.sharding import batches_per_epoch, local_slice
 from hpctrain.models.dlrm import DLRM
 from hpctrain.parallel.data import DataParallel
+from hpctrain.runtime import trace
 from hpctrain.runtime.abort import agree
 from hpctrain.runtime.env import peak_rss_bytes
 from hpctrain.runtime.topology import shard_range
@@ -153,6 +154,8 @@ def run_training(config: JobConfig, topo: Topology,
     (the server counters included). ``on_trained`` runs on every worker after training,
     while the servers still serve (to read back or save the final state). With ``resume``,
     training continues from the newest complete checkpoint in ``train.run_dir``."""
+    if config.runtime.trace:
+        trace.start(config.runtime.trace, topo.world, "worker" if topo.is_worker else "server")
     run_dir = topo.world.bcast(config.train.run_dir or default_run_dir(), root=0)
     config = dataclasses.replace(config, train=dataclasses.replace(config.train,
                                                                    run_dir=run_dir))
@@ -192,6 +195,9 @@ def run_training(config: JobConfig, topo: Topology,
     if topo.rank == 0:
         summary.ps_servers = [s for s in gathered if s is not None]
         trainer.finish(summary)
+    written = trace.finish(topo.world)
+    if written:
+        log.info("wrote the timeline %s (hpctrain trace summarize %s)", written, written)
     return summary
 
 
@@ -307,6 +313,7 @@ class Trainer:
                              self.config.checkpoint.keep)
         seconds = time.perf_counter() - started
         self.phase_s["checkpoint"] += seconds
+        trace.record("checkpoint", started, started + seconds, step=step)
         self.cadence.saved(seconds)
 
     def _tiered(self, sparse: SparseOptimizer,
@@ -355,7 +362,9 @@ class Trainer:
         for index in range(self.start_step * accumulate, self.steps * accumulate):
             start = time.perf_counter()
             batch = self.dataset.read("train", *self._slice(index))
-            self.phase_s["data"] += time.perf_counter() - start
+            end = time.perf_counter()
+            self.phase_s["data"] += end - start
+            trace.record("data", start, end, step=index // accumulate)
             yield index, batch
 
     def step(self, step: int, batches: Iterator[tuple[int, Batch]],
@@ -386,6 +395,7 @@ class Trainer:
                 next_step = ahead[0][0] // tc.accumulate
                 self.embeddings.prefetch(ahead[0][1].sparse, next_step - step)
             t1 = time.perf_counter()
+            trace.record("lookup", t0, t1, step=step)
             self.guard.features(batch.dense, self._slice(index)[0])
             logits = self.model(self._tensor(batch.dense), embedded)
             loss = F.binary_cross_entropy_with_logits(logits, self._tensor(batch.labels),
@@ -397,8 +407,12 @@ class Trainer:
                 # the last backward starts the bucket allreduces; the step's statistics and
                 # this worker's verdict on its features and loss ride in the first bucket
                 self.dp.arm(self._stats(count, loss_sum, [*lookups, lookup]))
+            tb = time.perf_counter()
             loss.backward()
-            compute_s += time.perf_counter() - t1
+            te = time.perf_counter()
+            trace.record("forward", t1, tb, step=step)
+            trace.record("backward", tb, te, step=step)
+            compute_s += te - t1
             self.phase_s["lookup"] += t1 - t0
             lookups.append(lookup)
         self.phase_s["compute"] += compute_s
@@ -417,8 +431,11 @@ class Trainer:
                                                                                    dense_grads])
             self.store.push(rows, grads, lr)
             self.dp.zero()
-            self.phase_s["push"] += time.perf_counter() - t0
-            self.step_s.append(time.perf_counter() - started)
+            t1 = time.perf_counter()
+            self.phase_s["push"] += t1 - t0
+            trace.record("push", t0, t1, step=step)
+            trace.record("step", started, t1, step=step)
+            self.step_s.append(t1 - started)
             return total, float("nan") if skip else loss_sum / max(count, 1)
         t0 = time.perf_counter()
         total, total_loss, flagged, *hot = self.dp.allreduce(self._stats(count, loss_sum,
@@ -446,6 +463,9 @@ class Trainer:
         for phase, seconds in (("dense_sync", t1 - t0), ("optimizer", t2 - t1),
                                ("push", t3 - t2 - moved), ("retier", moved)):
             self.phase_s[phase] += seconds
+        for phase, begin, end in (("dense_sync", t0, t1), ("optimizer", t1, t2),
+                                  ("push", t2, t3), ("step", started, t3)):
+            trace.record(phase, begin, end, step=step)
         self.step_s.append(t3 - started)
         return int(total), float("nan") if skip else total_loss * scale
 
