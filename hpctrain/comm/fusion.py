@@ -20,7 +20,8 @@ slice) and the buffer is float32/float64 on the CPU, it lives in the node's shar
 (:meth:`Group.resident`) and a :class:`~hpctrain.comm.shm.ResidentAllreduce` reduces it
 with no copy, advanced from the hooks without blocking. Otherwise a single communication
 thread runs each bucket's :func:`~hpctrain.comm.collectives.allreduce` in launch order
-(needs ``MPI_THREAD_MULTIPLE``; without it buckets are reduced at launch).
+(needs ``MPI_THREAD_MULTIPLE``; without it buckets are reduced at launch). Over one rank
+there is nothing to sum: no hook is registered and a launch only marks the bucket done.
 
 With ``runtime.trace`` on, each bucket's reduction is a span ``reduce`` from its launch to
 the moment its completion is seen, on a track of its own (``bucket N``), and the comm
@@ -112,11 +113,12 @@ class FusedGradients:
         for index, b in enumerate(self.buckets):
             b.resident_op = self._resident_op(index, b)
         self._ordered = group.layout.nodes > 1
+        self._alone = group.size == 1  # a sum over one rank is the buffer itself
         self._armed = False
         self._launched = 0
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="hpctrain-comm") if \
             MPI.Query_thread() == MPI.THREAD_MULTIPLE else None
-        if overlap:
+        if overlap and not self._alone:
             for p in self.params:
                 p.register_post_accumulate_grad_hook(self._hook)
 
@@ -199,7 +201,10 @@ class FusedGradients:
         self._launched += 1
         if trace.enabled():
             bucket.launched_at = trace.now()
-        if bucket.resident_op is not None:
+        if self._alone:
+            bucket.handle = None
+            self._traced(bucket)
+        elif bucket.resident_op is not None:
             bucket.handle = bucket.resident_op.start()
         elif self._thread is not None:
             view = self.buffers[bucket.buffer][bucket.lo: bucket.hi]
@@ -259,6 +264,11 @@ class FusedGradients:
                 b.handle = None
         self._armed = False
         return self.stats.cpu().numpy().astype(np.float64)
+
+    def finite(self) -> bool:
+        """Whether every gradient (not the extra slots) is finite: one check per buffer."""
+        return all(bool(torch.isfinite(flat[self.extra if index == 0 else 0:]).all())
+                   for index, flat in enumerate(self.buffers))
 
     def scale(self, factor: float) -> None:
         for index, flat in enumerate(self.buffers):

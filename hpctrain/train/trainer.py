@@ -442,7 +442,7 @@ class Trainer:
                                                                            lookups))
         if self.tiered:
             self.tiered.expect(np.array(hot))
-        if not flagged:  # no root cause anywhere: the summed gradients, the same everywhere
+        if not flagged and not self.dp.finite():  # the summed gradients, the same everywhere
             self.guard.gradients(self.model.named_parameters())
         skip = self.guard.settle(step, flagged + self.guard.flag)
         keep = not skip and self.guard.embedding_share(step, lookups, self.layout)
