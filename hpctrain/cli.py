@@ -128,6 +128,11 @@ def _parser() -> argparse.ArgumentParser:
     from hpctrain.bench import dlrm as bench_dlrm
 
     bench_dlrm.add_arguments(dlrm)
+    data = command("data", "data phase of the Criteo text reader against its HDF5 file "
+                           "(hpctrain preprocess), alternating passes", benches)
+    from hpctrain.bench import data as bench_data
+
+    bench_data.add_arguments(data)
     _bench_allreduce_args(command("allreduce", "time allreduce for each algorithm against "
                                   "native MPI_Allreduce", benches))
     command("calibrate", "measure the cost model's alpha/beta parameters and write them "
@@ -256,6 +261,16 @@ def _bench_dlrm(args: argparse.Namespace, config: JobConfig, topo: Topology | No
     return 0
 
 
+def _bench_data(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -> int:
+    if world_rank() != 0:
+        return 0
+    from hpctrain.bench import data as bench_data
+    from hpctrain.bench.report import print_rows
+
+    print_rows(bench_data.run(args, config), bench_data.COLUMNS, args.json)
+    return 0
+
+
 def _compare_sync(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -> int:
     from hpctrain.train.compare import compare_sync, format_comparison
     from hpctrain.train.rundir import default_run_dir
@@ -328,7 +343,8 @@ def _bench_comm(args: argparse.Namespace, config: JobConfig, topo: Topology | No
 _COMMANDS = {"train": _train, "info": _info, "preprocess": _preprocess, "config": _config,
              "bench": _bench, "compare-sync": _compare_sync, "trace": _trace}
 _BENCHES = {"ps": _bench_ps, "pipeline": _bench_pipeline, "tiering": _bench_tiering,
-            "allreduce": _bench_comm, "calibrate": _bench_comm, "dlrm": _bench_dlrm}
+            "allreduce": _bench_comm, "calibrate": _bench_comm, "dlrm": _bench_dlrm,
+            "data": _bench_data}
 _NEEDS_WORLD = {"train", "info", "bench", "compare-sync"}
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""``hpctrain bench dlrm``: the step against plain torch and the MLP bound, on a tiny job."""
+"""`hpctrain bench dlrm` (step against plain torch, MLP bound) and `bench data`, on tiny jobs."""
 
 import json
 import sys
@@ -29,3 +29,20 @@ def test_bench_dlrm_on_two_ranks_is_a_config_error():
     result = run_mpi([*HPCTRAIN, "bench", "dlrm", *TINY], ranks=2, timeout=120)
     assert result.returncode == 2, result.stdout
     assert "bench dlrm runs in one process, not 2" in result.stdout
+
+
+def test_bench_data_compares_the_text_reader_with_its_hdf5_file(tmp_path):
+    out = tmp_path / "sample.h5"
+    job = "jobs/configs/criteo_sample.toml"
+    assert run_mpi([*HPCTRAIN, "preprocess", job, "--out", str(out)], ranks=1,
+                   timeout=60).returncode == 0
+    rows = tmp_path / "rows.json"
+    result = run_mpi([*HPCTRAIN, "bench", "data", job, "--hdf5", str(out), "--batch", "16",
+                      "--passes", "1", "--json", str(rows)], ranks=1, timeout=120)
+    assert result.returncode == 0, result.stdout
+    got = json.loads(rows.read_text())
+    assert [r["reader"] for r in got] == ["text", "hdf5"]
+    assert all(r["samples"] == 180 and r["s_per_pass"] > 0 for r in got)
+    assert got[0]["vs_text"] == 1.0
+    wrong = run_mpi([*HPCTRAIN, "bench", "data", "--hdf5", str(out)], ranks=1, timeout=60)
+    assert wrong.returncode == 2 and "data.source must be 'criteo'" in wrong.stdout
