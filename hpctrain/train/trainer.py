@@ -71,6 +71,7 @@ from hpctrain.train.model_parallel import ModelParallelDLRM, wants_model_paralle
 from hpctrain.train.nonfinite import NonFiniteGuard, finite_samples
 from hpctrain.train.optim import DenseOptimizer
 from hpctrain.train.rundir import RunDir, default_run_dir
+from hpctrain.train.warmup import prepare_kernels
 from ps.service import PSJob
 
 __all__ = ["Trainer", "Summary", "run_training"]
@@ -176,6 +177,7 @@ def run_training(config: JobConfig, topo: Topology,
         manifest = topo.world.bcast(_resumable(config, job.layout if job else layout)
                                     if topo.rank == 0 else None, root=0)
     summary, server_stats = Summary(), None
+    prepare_kernels(config.train.optimizer, config.tiering.budget > 0)
     if topo.is_worker:
         trainer = Trainer(config, topo, dataset, layout, job, models, manifest)
         summary = trainer.fit()
