@@ -12,8 +12,10 @@ so that a busy machine slows every case alike, at each ``--batch-sizes``:
 - ``MLP only``: forward and backward of the bottom and top MLPs alone (fixed numbers in
   place of the dot products, no optimizer): the bound a step cannot beat.
 
-Each case's figure is the median per-step time over ``--rounds`` rounds of ``--steps``
-steps, after one warm-up round. ``vs_torch`` is samples/s over the torch step's.
+All cases run on the job's dense device (``runtime.device``; CUDA steps are timed to a
+``torch.cuda.synchronize``). Each case's figure is the median per-step time over ``--rounds``
+rounds of ``--steps`` steps, after one warm-up round. ``vs_torch`` is samples/s over the
+torch step's.
 """
 
 from __future__ import annotations
@@ -80,8 +82,8 @@ def _one_size(args: argparse.Namespace, config: JobConfig, topo: Topology, batch
     batches = [dataset.read("train", i * batch_size, (i + 1) * batch_size)
                for i in range(count)]
     cases = {"hpctrain": _hpctrain(config, topo, dataset, batches),
-             "torch": _plain_torch(config, dataset.table_sizes, batches),
-             "MLP only": _mlp_only(config, len(dataset.table_sizes), batches)}
+             "torch": _plain_torch(config, dataset.table_sizes, batches, topo.device),
+             "MLP only": _mlp_only(config, len(dataset.table_sizes), batches, topo.device)}
     path = f"{scratch}/trace-{batch_size}.json"
     hpctrain_step = cases["hpctrain"]
 
@@ -122,23 +124,31 @@ def _hpctrain(config: JobConfig, topo: Topology, dataset, batches: list[Batch]
         for _ in range(n):
             trainer.step(done[0], feed, [])
             done[0] += 1
-        return time.perf_counter() - start
+        return _elapsed(start, topo.device)
 
     return steps
 
 
-def _plain_torch(config: JobConfig, sizes: tuple[int, ...], batches: list[Batch]
-                 ) -> Callable[[int], float]:
+def _elapsed(start: float, device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
+def _plain_torch(config: JobConfig, sizes: tuple[int, ...], batches: list[Batch],
+                 device: torch.device) -> Callable[[int], float]:
     """The reference DLRM's step: EmbeddingBag per table (sparse gradients) and SGD."""
     torch.manual_seed(config.train.seed)
     dim = config.model.embedding_dim
-    model = DLRM(config.model, len(sizes))
-    tables = nn.ModuleList(nn.EmbeddingBag(n, dim, mode="sum", sparse=True) for n in sizes)
+    model = DLRM(config.model, len(sizes)).to(device)
+    tables = nn.ModuleList(nn.EmbeddingBag(n, dim, mode="sum", sparse=True)
+                           for n in sizes).to(device)
     optimizer = torch.optim.SGD([*model.parameters(), *tables.parameters()],
                                 lr=config.train.lr)
-    inputs = [(torch.from_numpy(b.dense), [torch.from_numpy(np.ascontiguousarray(
-        b.sparse[:, t])) for t in range(len(sizes))], torch.arange(len(b)),
-        torch.from_numpy(b.labels)) for b in batches]
+    inputs = [(torch.from_numpy(b.dense).to(device), [torch.from_numpy(np.ascontiguousarray(
+        b.sparse[:, t])).to(device) for t in range(len(sizes))],
+        torch.arange(len(b), device=device), torch.from_numpy(b.labels).to(device))
+        for b in batches]
 
     def steps(n: int) -> float:
         start = time.perf_counter()
@@ -150,20 +160,20 @@ def _plain_torch(config: JobConfig, sizes: tuple[int, ...], batches: list[Batch]
             loss = F.binary_cross_entropy_with_logits(model(dense, embedded), labels)
             loss.backward()
             optimizer.step()
-        return time.perf_counter() - start
+        return _elapsed(start, device)
 
     return steps
 
 
-def _mlp_only(config: JobConfig, num_tables: int, batches: list[Batch]
-              ) -> Callable[[int], float]:
+def _mlp_only(config: JobConfig, num_tables: int, batches: list[Batch],
+              device: torch.device) -> Callable[[int], float]:
     """Forward and backward of the two MLPs alone: the bound of any DLRM step."""
     torch.manual_seed(config.train.seed)
-    model = DLRM(config.model, num_tables)
+    model = DLRM(config.model, num_tables).to(device)
     dim = config.model.embedding_dim
     dots = interaction_width(num_tables, dim) - dim
-    inputs = [(torch.from_numpy(b.dense), torch.randn(len(b), dots),
-               torch.from_numpy(b.labels)) for b in batches]
+    inputs = [(torch.from_numpy(b.dense).to(device), torch.randn(len(b), dots, device=device),
+               torch.from_numpy(b.labels).to(device)) for b in batches]
 
     def steps(n: int) -> float:
         start = time.perf_counter()
@@ -172,6 +182,6 @@ def _mlp_only(config: JobConfig, num_tables: int, batches: list[Batch]
             model.zero_grad(set_to_none=False)
             logits = model.top(torch.cat([model.bottom(dense), fixed], dim=1)).squeeze(1)
             F.binary_cross_entropy_with_logits(logits, labels).backward()
-        return time.perf_counter() - start
+        return _elapsed(start, device)
 
     return steps
