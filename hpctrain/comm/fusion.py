@@ -266,8 +266,10 @@ class FusedGradients:
         return self.stats.cpu().numpy().astype(np.float64)
 
     def finite(self) -> bool:
-        """Whether every gradient (not the extra slots) is finite: one check per buffer."""
-        return all(bool(torch.isfinite(flat[self.extra if index == 0 else 0:]).all())
+        """Whether every gradient (not the extra slots) is finite, by one sum per buffer (a
+        NaN or Inf makes it non-finite). May say False for finite gradients whose sum
+        overflows: callers then look parameter by parameter."""
+        return all(bool(torch.isfinite(flat[self.extra if index == 0 else 0:].sum()))
                    for index, flat in enumerate(self.buffers))
 
     def scale(self, factor: float) -> None:

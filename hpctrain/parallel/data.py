@@ -57,7 +57,8 @@ class DataParallel:
         return self.fused.finish(stats)
 
     def finite(self) -> bool:
-        """Whether every gradient is finite (one check per flat buffer)."""
+        """Whether every gradient is finite; False may also mean a sum that overflows
+        (:meth:`FusedGradients.finite`)."""
         return self.fused.finite()
 
     def scale(self, factor: float) -> None:
