@@ -30,6 +30,7 @@ from embeddings.sharding import Placement
 from embeddings.tables import TableLayout
 from embeddings.types import BackingStore, RowSink, RowSource
 from hpctrain.errors import EmbeddingError
+from hpctrain.runtime import trace
 from hpctrain.runtime.waits import Wait, wait_all
 from ps.types import TAG_REQUEST, Op, decode_reply, encode_request, reply_capacity, reply_tag
 
@@ -127,6 +128,10 @@ class PSClient(BackingStore):
         wait_all(receives + [r for r, _ in keep], Wait("write", self.comm, self._peers(rows)))
 
     def push(self, rows: np.ndarray, grads: np.ndarray, lr: float) -> None:
+        with trace.span("ps push", rows=len(rows)):
+            self._push(rows, grads, lr)
+
+    def _push(self, rows: np.ndarray, grads: np.ndarray, lr: float) -> None:
         rows, grads = coalesce(rows, grads)
         self._reap()
         for index, _, tables, counts, ids, positions in self._split(rows, by_model=False):

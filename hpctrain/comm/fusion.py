@@ -20,7 +20,12 @@ slice) and the buffer is float32/float64 on the CPU, it lives in the node's shar
 (:meth:`Group.resident`) and a :class:`~hpctrain.comm.shm.ResidentAllreduce` reduces it
 with no copy, advanced from the hooks without blocking. Otherwise a single communication
 thread runs each bucket's :func:`~hpctrain.comm.collectives.allreduce` in launch order
-(needs ``MPI_THREAD_MULTIPLE``; without it buckets are reduced at launch).
+(needs ``MPI_THREAD_MULTIPLE``; without it buckets are reduced at launch). Over one rank
+there is nothing to sum: no hook is registered and a launch only marks the bucket done.
+
+With ``runtime.trace`` on, each bucket's reduction is a span ``reduce`` from its launch to
+the moment its completion is seen, on a track of its own (``bucket N``), and the comm
+thread's work a span on that thread (:mod:`hpctrain.runtime.trace`).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from hpctrain.comm.collectives import allreduce, as_storage
 from hpctrain.comm.group import Group
 from hpctrain.comm.types import OP_KERNEL
 from hpctrain.errors import CommError
+from hpctrain.runtime import trace
 
 __all__ = ["FusedGradients", "Bucket"]
 
@@ -54,6 +60,8 @@ class Bucket:
     pending: int = 0
     handle: Any = None
     resident_op: shm.ResidentAllreduce | None = None
+    launched_at: float | None = None
+    """When the bucket's reduction was launched, while tracing and until its end is seen."""
 
 
 class FusedGradients:
@@ -105,11 +113,12 @@ class FusedGradients:
         for index, b in enumerate(self.buckets):
             b.resident_op = self._resident_op(index, b)
         self._ordered = group.layout.nodes > 1
+        self._alone = group.size == 1  # a sum over one rank is the buffer itself
         self._armed = False
         self._launched = 0
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="hpctrain-comm") if \
             MPI.Query_thread() == MPI.THREAD_MULTIPLE else None
-        if overlap:
+        if overlap and not self._alone:
             for p in self.params:
                 p.register_post_accumulate_grad_hook(self._hook)
 
@@ -190,23 +199,47 @@ class FusedGradients:
 
     def _launch(self, bucket: Bucket) -> None:
         self._launched += 1
-        if bucket.resident_op is not None:
+        if trace.enabled():
+            bucket.launched_at = trace.now()
+        if self._alone:
+            bucket.handle = None
+            self._traced(bucket)
+        elif bucket.resident_op is not None:
             bucket.handle = bucket.resident_op.start()
         elif self._thread is not None:
             view = self.buffers[bucket.buffer][bucket.lo: bucket.hi]
-            bucket.handle = self._thread.submit(allreduce, view, comm=self.group)
+            bucket.handle = self._thread.submit(self._reduce, view, self._launched - 1)
+            if bucket.launched_at is not None:
+                bucket.handle.add_done_callback(lambda _, b=bucket: self._traced(b))
         else:
             allreduce(self.buffers[bucket.buffer][bucket.lo: bucket.hi], comm=self.group)
             bucket.handle = None
+            self._traced(bucket)
+
+    def _reduce(self, view: torch.Tensor, index: int) -> None:
+        """A bucket's allreduce on the comm thread."""
+        with trace.span("comm thread: allreduce", bucket=index):
+            allreduce(view, comm=self.group)
+
+    def _traced(self, bucket: Bucket) -> None:
+        """Record ``bucket``'s reduction as ending now (once; nothing when not tracing)."""
+        if bucket.launched_at is not None:
+            index = self.buckets.index(bucket)
+            trace.record("reduce", bucket.launched_at, trace.now(), f"bucket {index}",
+                         bucket=index, bytes=(bucket.hi - bucket.lo) *
+                         self.buffers[bucket.buffer].element_size())
+            bucket.launched_at = None
 
     def _progress(self) -> None:
         """Advance the launched resident buckets; across nodes in order, stopping at the
         first unfinished one (a later bucket's inter-node messages must not overtake an
         earlier one's)."""
         for b in self.buckets[: self._launched]:
-            if isinstance(b.handle, shm.ResidentAllreduce) and not b.handle.test() and \
-                    self._ordered:
-                return
+            if isinstance(b.handle, shm.ResidentAllreduce):
+                if b.handle.test():
+                    self._traced(b)
+                elif self._ordered:
+                    return
 
     def finish(self, stats: Sequence[float] = ()) -> np.ndarray:
         """Launch the buckets not launched yet, wait for all, and return the summed extra
@@ -217,17 +250,27 @@ class FusedGradients:
             self._launch(self.buckets[self._launched])
         resident = [b.handle for b in self.buckets if isinstance(b.handle,
                                                                 shm.ResidentAllreduce)]
-        if self._ordered:
-            for op in resident:
-                op.wait()
-        else:
-            shm.complete(resident)
-        for b in self.buckets:
-            if isinstance(b.handle, Future):
-                b.handle.result()
-            b.handle = None
+        with trace.span("reduction wait"):
+            if self._ordered:
+                for op in resident:
+                    op.wait()
+            else:
+                shm.complete(resident)
+            for b in self.buckets:
+                if isinstance(b.handle, Future):
+                    b.handle.result()
+                elif b.handle is not None:
+                    self._traced(b)
+                b.handle = None
         self._armed = False
         return self.stats.cpu().numpy().astype(np.float64)
+
+    def finite(self) -> bool:
+        """Whether every gradient (not the extra slots) is finite, by one sum per buffer (a
+        NaN or Inf makes it non-finite). May say False for finite gradients whose sum
+        overflows: callers then look parameter by parameter."""
+        return all(bool(torch.isfinite(flat[self.extra if index == 0 else 0:].sum()))
+                   for index, flat in enumerate(self.buffers))
 
     def scale(self, factor: float) -> None:
         for index, flat in enumerate(self.buffers):

@@ -45,7 +45,7 @@ from hpctrain.models.dlrm import interaction_width
 from hpctrain.plan.cluster import Cluster
 from hpctrain.plan.types import Prediction, Proposal, RankPrediction
 from hpctrain.runtime.topology import make_grid
-from hpctrain.train.model_parallel import top_cuts
+from hpctrain.train.dense_grid import top_cuts
 
 __all__ = ["Workload", "workload", "dense_params", "zipf_unique", "zipf_coverage",
            "allreduce_s", "predict", "OPS_PER_LAYER"]
