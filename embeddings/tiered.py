@@ -57,6 +57,7 @@ from embeddings.types import BackingStore, EmbeddingStore, RowSink, RowSource
 from hpctrain.comm import Group, allreduce
 from hpctrain.comm.native import allgatherv
 from hpctrain.config import TieringConfig
+from hpctrain.runtime import trace
 from hpctrain.runtime.waits import wait_all
 
 __all__ = ["TieredStore", "TieringStats"]
@@ -213,6 +214,7 @@ class TieredStore(EmbeddingStore):
             plan = self.planner.plan()
             self._write_back(plan.demoted)
             self.stats.retier_s += time.perf_counter() - start
+            trace.record("retier: plan", start, time.perf_counter(), step=step)
         self.cold.push(rows[~hot], grads[~hot], lr)
         if plan is not None:
             start = time.perf_counter()
@@ -220,6 +222,7 @@ class TieredStore(EmbeddingStore):
                 self._install(plan, self.cold.read(plan.promoted))
             self.stats.retiers += 1
             self.stats.retier_s += time.perf_counter() - start
+            trace.record("retier: install", start, time.perf_counter(), step=step)
 
     # -- end of training -----------------------------------------------------------------------
 

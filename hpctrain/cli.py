@@ -9,6 +9,7 @@
     hpctrain config [JOB.toml] [--doc]
     hpctrain plan [JOB.toml] --cluster cluster.toml    # predicted memory/time per layout
     hpctrain plan calc zero --params 7B --stage 3 --dp 64
+    mpiexec -n 2 hpctrain train --set runtime.trace=t.json; hpctrain trace summarize t.json
     mpiexec -n 4 hpctrain bench pipeline --json pipeline.json   # GPipe vs 1F1B bubble
     mpiexec -n 4 hpctrain bench allreduce --json out.json --plot out.png
     mpiexec -n 4 hpctrain bench calibrate --out comm.json
@@ -150,6 +151,17 @@ def _parser() -> argparse.ArgumentParser:
 
     bench_alltoall.add_arguments(command("alltoall", "time alltoallv for each algorithm "
                                          "against native MPI_Alltoallv", benches))
+    dlrm = command("dlrm", "hpctrain's training step against a plain-torch DLRM step "
+                           "(EmbeddingBag sparse=True, SGD) and the MLP-only bound, "
+                           "interleaved in one process", benches)
+    from hpctrain.bench import dlrm as bench_dlrm
+
+    bench_dlrm.add_arguments(dlrm)
+    data = command("data", "data phase of the Criteo text reader against its HDF5 file "
+                           "(hpctrain preprocess), alternating passes", benches)
+    from hpctrain.bench import data as bench_data
+
+    bench_data.add_arguments(data)
     _bench_allreduce_args(command("allreduce", "time allreduce for each algorithm against "
                                   "native MPI_Allreduce", benches))
     command("calibrate", "measure the cost model's alpha/beta parameters and write them "
@@ -159,6 +171,16 @@ def _parser() -> argparse.ArgumentParser:
                    help="predict memory and step time of the job's layouts on a cluster, "
                         "rank them, validate them (`hpctrain plan --help`); `plan calc` "
                         "does the formulas of distributed training")
+    trace = sub.add_parser("trace", help="read a timeline written with runtime.trace",
+                           description="read a timeline written with runtime.trace")
+    trace.set_defaults(job=None, set=[])
+    traces = trace.add_subparsers(dest="trace", required=True)
+    summarize = traces.add_parser("summarize", help="per phase the time on the critical path, "
+                                  "the reductions hidden behind backward, the slowest rank "
+                                  "per step")
+    summarize.add_argument("file", help="trace JSON file")
+    summarize.add_argument("--steps", type=int, default=20,
+                           help="step rows to print (default: %(default)s)")
     return parser
 
 
@@ -173,6 +195,8 @@ def _command_overrides(args: argparse.Namespace) -> list[str]:
     """Config keys a command's own flags set (they win over --set)."""
     if args.command == "bench" and args.bench == "ps":
         return [f"ps.servers={args.servers}", "train.progress=false"]
+    if args.command == "bench" and args.bench == "dlrm":
+        return ["train.progress=false"]
     if args.command == "bench" and args.bench == "tiering":
         return ["ps.servers=1", "train.progress=false"]
     if args.command == "compare-sync":
@@ -257,6 +281,29 @@ def _bench_tiering(args: argparse.Namespace, config: JobConfig, topo: Topology |
     return 0
 
 
+def _bench_dlrm(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -> int:
+    from hpctrain.bench import dlrm as bench_dlrm
+    from hpctrain.bench.report import print_rows
+
+    rows = bench_dlrm.run(args, config, topo)
+    print_rows(rows, bench_dlrm.COLUMNS, args.json)
+    for row in rows:
+        if "overhead" in row:
+            print(f"trace overhead at batch {row['batch']}: traced/untraced step time "
+                  f"{row['overhead']:.3f}")
+    return 0
+
+
+def _bench_data(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -> int:
+    if world_rank() != 0:
+        return 0
+    from hpctrain.bench import data as bench_data
+    from hpctrain.bench.report import print_rows
+
+    print_rows(bench_data.run(args, config), bench_data.COLUMNS, args.json)
+    return 0
+
+
 def _compare_sync(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -> int:
     from hpctrain.train.compare import compare_sync, format_comparison
     from hpctrain.train.rundir import default_run_dir
@@ -273,6 +320,15 @@ def _compare_sync(args: argparse.Namespace, config: JobConfig, topo: Topology | 
 def _config(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -> int:
     if world_rank() == 0:
         print(doc_table() if args.doc else dump_toml(config), end="")
+    return 0
+
+
+def _trace(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -> int:
+    if world_rank() != 0:
+        return 0
+    from hpctrain.runtime.trace_summary import format_summary, load_events, summarize
+
+    print(format_summary(summarize(load_events(args.file)), args.steps))
     return 0
 
 
@@ -343,10 +399,10 @@ def _bench_comm(args: argparse.Namespace, config: JobConfig, topo: Topology | No
 
 
 _COMMANDS = {"train": _train, "info": _info, "preprocess": _preprocess, "config": _config,
-             "bench": _bench, "compare-sync": _compare_sync}
+             "bench": _bench, "compare-sync": _compare_sync, "trace": _trace}
 _BENCHES = {"ps": _bench_ps, "pipeline": _bench_pipeline, "tiering": _bench_tiering,
             "allreduce": _bench_comm, "calibrate": _bench_comm, "alltoall": _bench_alltoall,
-            "embeddings": _bench_embeddings}
+            "embeddings": _bench_embeddings, "dlrm": _bench_dlrm, "data": _bench_data}
 _NEEDS_WORLD = {"train", "info", "bench", "compare-sync"}
 
 if __name__ == "__main__":

@@ -76,6 +76,9 @@ class RuntimeConfig:
                                           "which ranks have not arrived (0: off)", min=0.0)
     watchdog_abort_s: float = option(300.0, "a wait this long aborts the job with that "
                                             "message (0: off)", min=0.0)
+    trace: str = option("", "write a per-rank timeline of the run (Chrome trace / Perfetto "
+                            "JSON, merged by rank 0) to this path; empty: off (see "
+                            "`hpctrain trace summarize`)")
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from embeddings.tables import TableLayout
 from embeddings.types import BackingStore, RowSink, RowSource
 from hpctrain.comm.wire import itemsize
 from hpctrain.errors import EmbeddingError
+from hpctrain.runtime import trace
 from hpctrain.runtime.waits import Wait, wait_all
 from ps.types import (
     TAG_REQUEST,
@@ -141,6 +142,10 @@ class PSClient(BackingStore):
         self.stats.move_bytes_received += sum(reply_bytes(ack) for ack in acks)
 
     def push(self, rows: np.ndarray, grads: np.ndarray, lr: float) -> None:
+        with trace.span("ps push", rows=len(rows)):
+            self._push(rows, grads, lr)
+
+    def _push(self, rows: np.ndarray, grads: np.ndarray, lr: float) -> None:
         rows, grads = coalesce(rows, grads)
         self._reap()
         for index, _, tables, counts, ids, positions in self._split(rows, by_model=False):

@@ -56,6 +56,7 @@ from mpi4py import MPI
 
 from embeddings.optim import coalesce
 from hpctrain.errors import EmbeddingError, PSError
+from hpctrain.runtime import trace
 from hpctrain.runtime.waits import Backoff, wait_all
 from hpctrain.sync.types import SyncModel
 from ps.store import ShardStore
@@ -136,7 +137,10 @@ class Server:
             buf = np.empty(status.Get_count(MPI.BYTE), dtype=np.uint8)
             message.Recv(buf)
             self.stats.bytes_in += buf.nbytes
-            self._handle(status.Get_source(), decode_request(buf, self.dim))
+            request = decode_request(buf, self.dim)
+            with trace.span(f"serve {request.op.name.lower()}", source=status.Get_source(),
+                            step=request.step):
+                self._handle(status.Get_source(), request)
         wait_all([r for r, _ in self.sending])
         self.stats.staleness = {t: dict(sorted(c.items())) for t, c in self._seen.items()}
         return self.stats

@@ -20,16 +20,21 @@ slice) and the buffer is float32/float64 on the CPU, it lives in the node's shar
 (:meth:`Group.resident`) and a :class:`~hpctrain.comm.window.ResidentAllreduce` reduces it
 with no copy, advanced from the hooks without blocking. Otherwise a single communication
 thread runs each bucket's :func:`~hpctrain.comm.collectives.allreduce` in launch order
-(needs ``MPI_THREAD_MULTIPLE``; without it buckets are reduced at launch). With a 16-bit
-``wire`` (``comm.wire_dtype``) each bucket travels as bf16/fp16 through a
+(needs ``MPI_THREAD_MULTIPLE``; without it buckets are reduced at launch). Over one rank
+there is nothing to sum: no hook is registered and a launch only marks the bucket done. With
+a 16-bit ``wire`` (``comm.wire_dtype``) each bucket travels as bf16/fp16 through a
 :class:`~hpctrain.comm.wire.WireAllreduce` (the extra slots stay float32) and the buffers
 stay out of the shared window. :attr:`FusedGradients.reduced_bytes` counts the bytes handed
 to the collectives.
+
+With ``runtime.trace`` on, each bucket's reduction is a span ``reduce`` from its launch to
+the moment its completion is seen, on a track of its own (``bucket N``), and the comm
+thread's work a span on that thread (:mod:`hpctrain.runtime.trace`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +49,7 @@ from hpctrain.comm.group import Group
 from hpctrain.comm.types import OP_KERNEL
 from hpctrain.comm.wire import WireAllreduce
 from hpctrain.errors import CommError
+from hpctrain.runtime import trace
 
 __all__ = ["FusedGradients", "Bucket"]
 
@@ -60,6 +66,8 @@ class Bucket:
     handle: Any = None
     resident_op: window.ResidentAllreduce | None = None
     wire_op: WireAllreduce | None = None
+    launched_at: float | None = None
+    """When the bucket's reduction was launched, while tracing and until its end is seen."""
 
 
 class FusedGradients:
@@ -119,11 +127,12 @@ class FusedGradients:
                 b.wire_op = WireAllreduce(view, group, wire, extra if b is self.buckets[0]
                                           else 0)
         self._ordered = group.layout.nodes > 1
+        self._alone = group.size == 1  # a sum over one rank is the buffer itself
         self._armed = False
         self._launched = 0
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="hpctrain-comm") if \
             MPI.Query_thread() == MPI.THREAD_MULTIPLE else None
-        if overlap:
+        if overlap and not self._alone:
             for p in self.params:
                 p.register_post_accumulate_grad_hook(self._hook)
 
@@ -204,29 +213,54 @@ class FusedGradients:
 
     def _launch(self, bucket: Bucket) -> None:
         self._launched += 1
+        if trace.enabled():
+            bucket.launched_at = trace.now()
+        if self._alone:
+            bucket.handle = None
+            self._traced(bucket)
+            return
         view = self.buffers[bucket.buffer][bucket.lo: bucket.hi]
         self.reduced_bytes += (bucket.wire_op.bytes if bucket.wire_op else
                                view.numel() * view.element_size())
         if bucket.resident_op is not None:
             bucket.handle = bucket.resident_op.start()
         elif self._thread is not None:
-            bucket.handle = (self._thread.submit(bucket.wire_op) if bucket.wire_op else
-                             self._thread.submit(allreduce, view, comm=self.group))
+            run = bucket.wire_op or (lambda: allreduce(view, comm=self.group))
+            bucket.handle = self._thread.submit(self._reduce, run, self._launched - 1)
+            if bucket.launched_at is not None:
+                bucket.handle.add_done_callback(lambda _, b=bucket: self._traced(b))
         else:
             if bucket.wire_op:
                 bucket.wire_op()
             else:
                 allreduce(view, comm=self.group)
             bucket.handle = None
+            self._traced(bucket)
+
+    def _reduce(self, run: Callable[[], object], index: int) -> None:
+        """A bucket's allreduce (``run``) on the comm thread."""
+        with trace.span("comm thread: allreduce", bucket=index):
+            run()
+
+    def _traced(self, bucket: Bucket) -> None:
+        """Record ``bucket``'s reduction as ending now (once; nothing when not tracing)."""
+        if bucket.launched_at is not None:
+            index = self.buckets.index(bucket)
+            trace.record("reduce", bucket.launched_at, trace.now(), f"bucket {index}",
+                         bucket=index, bytes=(bucket.hi - bucket.lo) *
+                         self.buffers[bucket.buffer].element_size())
+            bucket.launched_at = None
 
     def _progress(self) -> None:
         """Advance the launched resident buckets; across nodes in order, stopping at the
         first unfinished one (a later bucket's inter-node messages must not overtake an
         earlier one's)."""
         for b in self.buckets[: self._launched]:
-            if isinstance(b.handle, window.ResidentAllreduce) and not b.handle.test() and \
-                    self._ordered:
-                return
+            if isinstance(b.handle, window.ResidentAllreduce):
+                if b.handle.test():
+                    self._traced(b)
+                elif self._ordered:
+                    return
 
     def finish(self, stats: Sequence[float] = ()) -> np.ndarray:
         """Launch the buckets not launched yet, wait for all, and return the summed extra
@@ -237,18 +271,28 @@ class FusedGradients:
             self._launch(self.buckets[self._launched])
         resident = [b.handle for b in self.buckets if isinstance(b.handle,
                                                                 window.ResidentAllreduce)]
-        if self._ordered:
-            for op in resident:
-                op.wait()
-        else:
-            window.complete(resident)
-        for b in self.buckets:
-            if isinstance(b.handle, Future):
-                b.handle.result()
-            b.handle = None
+        with trace.span("reduction wait"):
+            if self._ordered:
+                for op in resident:
+                    op.wait()
+            else:
+                window.complete(resident)
+            for b in self.buckets:
+                if isinstance(b.handle, Future):
+                    b.handle.result()
+                elif b.handle is not None:
+                    self._traced(b)
+                b.handle = None
         self._armed = False
         self.reductions += 1
         return self.stats.cpu().numpy().astype(np.float64)
+
+    def finite(self) -> bool:
+        """Whether every gradient (not the extra slots) is finite, by one sum per buffer (a
+        NaN or Inf makes it non-finite). May say False for finite gradients whose sum
+        overflows: callers then look parameter by parameter."""
+        return all(bool(torch.isfinite(flat[self.extra if index == 0 else 0:].sum()))
+                   for index, flat in enumerate(self.buffers))
 
     def scale(self, factor: float) -> None:
         for index, flat in enumerate(self.buffers):

@@ -8,12 +8,19 @@ and parses only the lines it is asked for, so each rank reads just its own slice
 validates every line with one regular expression and converts the good ones with numpy; only a
 line that fails is looked at field by field, to say what is wrong and where. Big files are
 meant to be converted once with ``hpctrain preprocess`` (:mod:`hpctrain.data.hdf5`).
+
+A file whose name ends in ``.gz`` (the Terabyte layout ships its days compressed) is read
+through :mod:`gzip`, its lines indexed in the uncompressed stream. One handle per file stays
+open, so reading forward (a rank's slices of successive batches) decompresses each byte once;
+reading backward starts decompressing again from the file's beginning.
 """
 
 from __future__ import annotations
 
+import gzip
 import logging
 import math
+import os
 import re
 from collections.abc import Iterator, Sequence
 
@@ -60,15 +67,23 @@ class _File:
         self.path = path
         self.starts = _scan(path)
         self.lines = len(self.starts) - 1
+        self._gz: tuple[int, gzip.GzipFile] | None = None  # (pid, handle) of a .gz file
 
     def read_lines(self, lo: int, hi: int) -> list[bytes]:
         begin, end = int(self.starts[lo]), int(self.starts[hi]) - 1
         try:
-            with open(self.path, "rb") as f:
+            if self.path.endswith(".gz"):
+                if self._gz is None or self._gz[0] != os.getpid():
+                    self._gz = (os.getpid(), gzip.open(self.path, "rb"))  # noqa: SIM115 (kept open)
+                f = self._gz[1]
                 f.seek(begin)
                 data = f.read(end - begin)
-        except OSError as exc:
-            raise DataError(f"{self.path}: cannot read ({exc.strerror})") from None
+            else:
+                with open(self.path, "rb") as f:
+                    f.seek(begin)
+                    data = f.read(end - begin)
+        except (OSError, EOFError) as exc:
+            raise DataError(f"{self.path}: cannot read ({_why(exc)})") from None
         lines = data.split(b"\n")
         if len(data) != end - begin or len(lines) != hi - lo:
             raise DataError(f"{self.path}: the file changed since it was indexed")
@@ -81,14 +96,14 @@ def _scan(path: str) -> np.ndarray:
     """Line starts of ``path`` plus one past the end of its last line (int64 [lines + 1])."""
     pieces, pos, last = [], 0, 10
     try:
-        with open(path, "rb") as f:
+        with (gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")) as f:
             buf = bytearray(_SCAN_CHUNK)
             while n := f.readinto(buf):
                 pieces.append(np.flatnonzero(np.frombuffer(buf, np.uint8, n) == 10) + pos)
                 last = buf[n - 1]
                 pos += n
-    except OSError as exc:
-        raise DataError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except (OSError, EOFError) as exc:
+        raise DataError(f"{path}: cannot read ({_why(exc)})") from None
     if pos == 0:
         raise DataError(f"{path}: empty file")
     ends = np.concatenate(pieces).astype(np.int64)
@@ -99,6 +114,10 @@ def _scan(path: str) -> np.ndarray:
     if len(nonempty) == 0:
         raise DataError(f"{path}: no complete line (only blank lines)")
     return starts[: nonempty[-1] + 2]  # drop trailing blank lines
+
+
+def _why(exc: BaseException) -> str:
+    return getattr(exc, "strerror", None) or str(exc)
 
 
 class _Split:

@@ -11,9 +11,12 @@ layout, which each rank then slices read-only::
     attributes: format = "hpctrain-clicklog", version = 1, table_sizes (int64 [T]),
                 skipped (malformed input lines dropped while converting)
 
-Datasets are uncompressed and chunked by rows, so a rank's contiguous slice is a few
-contiguous reads. One process writes (h5py is serial here); the file appears under its name
-only when complete (temporary file in the same folder, fsync, ``os.replace``).
+Datasets are uncompressed and chunked by rows. A reader loads ``BLOCK_ROWS`` contiguous rows
+of a split at a time (one read per dataset, its ids checked and converted once) and serves
+the batches inside the block from memory: per-batch hyperslab reads of a few hundred rows
+cost more in HDF5 calls than the data they move. One process writes (h5py is serial here);
+the file appears under its name only when complete (temporary file in the same folder,
+fsync, ``os.replace``).
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ __all__ = ["FORMAT", "VERSION", "write_hdf5", "HDF5Dataset"]
 
 FORMAT = "hpctrain-clicklog"
 VERSION = 1
+BLOCK_ROWS = 1 << 16
+"""Rows a reader loads per split at a time (the writer's chunk: whole chunks per read)."""
 _HINT = "(re)write it with `hpctrain preprocess`"
 
 
@@ -123,6 +128,7 @@ class HDF5Dataset(Dataset):
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
         self._h5: h5py.File | None = None
+        self._block: dict[str, tuple[int, Batch]] = {}  # split -> (first row, rows)
         self._pid = -1
         with self._open() as h5:
             self._check(h5)
@@ -136,6 +142,19 @@ class HDF5Dataset(Dataset):
         n = self.num_samples(split)
         if not 0 <= start <= stop <= n:
             raise ValueError(f"samples [{start}, {stop}) outside {split} [0, {n})")
+        if stop - start >= BLOCK_ROWS:
+            return self._checked(split, start, self._load(split, start, stop))
+        first, block = self._block.get(split, (0, None))
+        if block is None or start < first or stop > first + len(block):
+            first, block = start, self._load(split, start, min(n, start + BLOCK_ROWS))
+            self._block[split] = (first, block)
+        a, b = start - first, stop - first
+        return self._checked(split, start, Batch(block.dense[a:b].copy(),
+                                                 block.sparse[a:b].copy(),
+                                                 block.labels[a:b].copy()))
+
+    def _load(self, split: str, start: int, stop: int) -> Batch:
+        """Rows ``[start, stop)`` of ``split`` as read, ids widened to int64."""
         group = self._handle()[split]
         try:
             dense, sparse, labels = (group[key][start:stop] for key in
@@ -143,14 +162,18 @@ class HDF5Dataset(Dataset):
         except OSError as exc:
             raise DataError(f"{self.path}: cannot read /{split} rows [{start}, {stop}) "
                             f"({exc}); is the file truncated?") from None
-        sparse = sparse.astype(np.int64, copy=False)
+        return Batch(dense.astype(np.float32, copy=False), sparse.astype(np.int64, copy=False),
+                     labels.astype(np.float32))
+
+    def _checked(self, split: str, start: int, batch: Batch) -> Batch:
+        """``batch`` (samples ``start``, ...), once its ids are known to lie in their tables."""
+        sparse = batch.sparse
         bad = (sparse < 0) | (sparse >= self._sizes)
         if bad.any():
             r, t = np.argwhere(bad)[0]
             raise DataError(f"{self.path}: /{split}/sparse[{start + r}, {t}] = {sparse[r, t]} "
                             f"is outside table {t} ({self.table_sizes[t]} rows)")
-        return Batch(dense.astype(np.float32, copy=False), sparse,
-                     labels.astype(np.float32))
+        return batch
 
     def close(self) -> None:
         """Close the file handle (reopened by the next :meth:`read`)."""
@@ -158,6 +181,7 @@ class HDF5Dataset(Dataset):
             with contextlib.suppress(Exception):
                 self._h5.close()
             self._h5 = None
+        self._block.clear()
 
     def _handle(self) -> h5py.File:
         if self._h5 is None or self._pid != os.getpid():

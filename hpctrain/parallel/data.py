@@ -57,6 +57,11 @@ class DataParallel:
         stats (``stats`` are ignored when :meth:`arm` already sent them)."""
         return self.fused.finish(stats)
 
+    def finite(self) -> bool:
+        """Whether every gradient is finite; False may also mean a sum that overflows
+        (:meth:`FusedGradients.finite`)."""
+        return self.fused.finite()
+
     def scale(self, factor: float) -> None:
         self.fused.scale(factor)
 

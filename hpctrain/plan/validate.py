@@ -4,7 +4,7 @@ and peak memory.
 
 World rank 0 plans (probe included) and broadcasts the plan, as TorchRec's
 ``collective_plan`` does; then every layout trains ``--steps`` steps through
-:func:`hpctrain.train.trainer.run_training`, after one short warm-up run that compiles the
+:func:`hpctrain.train.job.run_training`, after one short warm-up run that compiles the
 kernels. Measured step time is the slowest worker's median step (the trainer's ``p50``:
 warm-up and load spikes fall outside it) and, less sensitive to other load on the machine,
 the busiest rank's CPU time per step (a one-step run's CPU time subtracted from the full
@@ -80,7 +80,7 @@ def _run(job: str | None, overrides: Sequence[str], world_topo: Topology
     cpu = time.process_time() - cpu
     peak = max(world_topo.world.allgather(_peak()))
     cpus = world_topo.world.allgather(cpu)
-    step = max(t["p50"] for t in summary.step_times) if world_topo.rank == 0 else 0.0
+    step = max(t.p50 for t in summary.step_times) if world_topo.rank == 0 else 0.0
     topo.free()
     return step, peak, max(cpus)
 

@@ -13,7 +13,7 @@ import time
 
 from mpi4py import MPI
 
-from hpctrain.runtime import watchdog
+from hpctrain.runtime import trace, watchdog
 from hpctrain.runtime.abort import abort_job
 from hpctrain.runtime.watchdog import Wait
 
@@ -45,7 +45,16 @@ class Backoff:
 
 def wait_all(requests: list[MPI.Request], wait: Wait | None = None) -> None:
     """Complete every request in ``requests``; ``wait`` says what for, so that the
-    watchdog can name the ranks a stalled wait is missing."""
+    watchdog can name the ranks a stalled wait is missing (and the timeline shows the wait
+    as ``wait OP``)."""
+    if wait is None:
+        _wait_all(requests, None)
+        return
+    with trace.span(f"wait {wait.op}"):
+        _wait_all(requests, wait)
+
+
+def _wait_all(requests: list[MPI.Request], wait: Wait | None) -> None:
     board = watchdog.current() if wait is not None else None
     backoff = Backoff()
     if board is None:

@@ -7,6 +7,7 @@ backward, with the step's named statistics (:mod:`hpctrain.train.stats`) in the 
 bucket, then divides by the global sample count (an exact mean, also for uneven slices).
 The optimizer it steps is the builder's choice: :class:`~hpctrain.train.optim.DenseOptimizer`,
 or ZeRO-1's :class:`~hpctrain.train.zero.ZeroOptimizer` (state sharded over the group).
+With ``runtime.trace`` on, each micro-batch's ``forward`` and ``backward`` are spans.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 from hpctrain.data.types import Batch
 from hpctrain.models.dlrm import DLRM
 from hpctrain.parallel.data import DataParallel
+from hpctrain.runtime import trace
 from hpctrain.train.engine import DenseEngine, DenseTraffic, Embed, Reduced, StepWork
 from hpctrain.train.nonfinite import NonFiniteGuard
 from hpctrain.train.optim import DenseOptimizer
@@ -50,8 +52,12 @@ class LocalDense(DenseEngine):
             self.guard.loss(work.loss_sum)
             if micro == self.accumulate - 1:
                 self.last_backward(work)
+            middle = time.perf_counter()
             loss.backward()
-            work.compute_s += time.perf_counter() - start
+            end = time.perf_counter()
+            trace.record("forward", start, middle, step=work.step)
+            trace.record("backward", middle, end, step=work.step)
+            work.compute_s += end - start
 
     def last_backward(self, work: StepWork) -> None:  # noqa: B027 - optional hook
         """Just before the step's last backward."""
@@ -79,7 +85,9 @@ class ReplicatedDense(LocalDense):
     def reduce(self, work: StepWork) -> Reduced:
         sums = self.stats.read(self.dp.allreduce(self.stats.values(work)))
         flagged = sums["nonfinite"]
-        if not flagged:  # no root cause anywhere: the summed gradients, the same everywhere
+        # no root cause anywhere: the summed gradients (the same everywhere), one sum per
+        # buffer, scanned parameter by parameter only to name a non-finite one
+        if not flagged and not self.dp.finite():
             self.guard.gradients(self.module.named_parameters())
         scale = 1.0 / max(sums["samples"], 1.0)
         self.dp.scale(scale)

@@ -17,6 +17,7 @@ from embeddings.tables import TableLayout
 from hpctrain.config import JobConfig
 from hpctrain.data import Dataset, open_dataset
 from hpctrain.models.dlrm import DLRM
+from hpctrain.runtime import trace
 from hpctrain.runtime.abort import agree
 from hpctrain.runtime.world import Topology
 from hpctrain.sync.models import table_models
@@ -27,6 +28,7 @@ from hpctrain.train.optim import sparse_optimizer
 from hpctrain.train.report import Summary
 from hpctrain.train.rundir import default_run_dir
 from hpctrain.train.trainer import Trainer
+from hpctrain.train.warmup import prepare_kernels
 from ps.server import ServerStats
 from ps.service import PSJob
 
@@ -42,7 +44,8 @@ def run_training(config: JobConfig, topo: Topology,
     shards. Collective over the world; world rank 0 gets the full summary (the server
     counters included). ``on_trained`` runs on every worker after training, while the
     servers still serve (to read back the final state). With ``resume``, training continues
-    from the newest complete checkpoint in ``train.run_dir``."""
+    from the newest complete checkpoint in ``train.run_dir``. With ``runtime.trace`` set,
+    every rank records its timeline and world rank 0 writes them merged to that path."""
 
     def fit(trainer: Trainer) -> Summary:
         summary = trainer.fit()
@@ -50,7 +53,15 @@ def run_training(config: JobConfig, topo: Topology,
             on_trained(trainer)
         return summary
 
-    return TrainingJob(config, topo, resume).run(fit)
+    if config.runtime.trace:
+        trace.start(config.runtime.trace, topo.world, "worker" if topo.is_worker else "server")
+    job = TrainingJob(config, topo, resume)
+    prepare_kernels(config.train.optimizer, config.tiering.budget > 0)
+    summary = job.run(fit)
+    written = trace.finish(topo.world)
+    if written:
+        log.info("wrote the timeline %s (hpctrain trace summarize %s)", written, written)
+    return summary
 
 
 class TrainingJob:

@@ -14,7 +14,10 @@ One step (``accumulate`` micro-batches per optimizer step), the same in every mo
    the rows live; a tiered store also moves rows between its tiers (the ``retier`` phase).
 
 Which engine and store a worker has is decided once, by :func:`hpctrain.train.build.build_worker`;
-the per-mode picture is in :mod:`hpctrain.train`.
+the per-mode picture is in :mod:`hpctrain.train`. Every timed phase is also a span of the
+timeline when ``runtime.trace`` is on (:mod:`hpctrain.runtime.trace`): ``step`` and in it
+``data``, ``lookup``, the engine's own spans (``forward``, ``backward``), the reduce and
+update phases, ``push``; ``checkpoint`` after the step.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from hpctrain.comm.owner import communicators
 from hpctrain.config import JobConfig
 from hpctrain.data import Batch, Dataset, open_dataset
 from hpctrain.data.sharding import local_slice
+from hpctrain.runtime import trace
 from hpctrain.runtime.env import peak_rss_bytes
 from hpctrain.runtime.topology import shard_range
 from hpctrain.runtime.world import Topology
@@ -149,9 +153,9 @@ class Trainer:
                 self.topo.roles.servers, self.parts.plan_json)
         checkpointing.commit(self.topo.world, folder, files + out.files, manifest,
                              self.config.checkpoint.keep)
-        seconds = time.perf_counter() - started
-        self.phase_s["checkpoint"] += seconds
-        self.cadence.saved(seconds)
+        ended = time.perf_counter()
+        self._timed("checkpoint", started, ended, step)
+        self.cadence.saved(ended - started)
 
     # -- one step --------------------------------------------------------------------------
 
@@ -164,7 +168,7 @@ class Trainer:
         for index in range(self.start_step * accumulate, self.steps * accumulate):
             start = time.perf_counter()
             batch = self.dataset.read("train", *self._slice(index))
-            self.phase_s["data"] += time.perf_counter() - start
+            self._timed("data", start, time.perf_counter(), index // accumulate)
             yield index, batch
 
     def step(self, step: int, batches: Iterator[tuple[int, Batch]],
@@ -176,7 +180,7 @@ class Trainer:
         """
         started = time.perf_counter()
         self.engine.begin()
-        self.phase_s["lookup"] += time.perf_counter() - started
+        self._timed("lookup", started, time.perf_counter(), step)
         work = StepWork(step)
         self.engine.forward_backward(work, self._step_batches(batches, ahead),
                                      self._embedder(work, ahead))
@@ -190,11 +194,11 @@ class Trainer:
         scale = 1.0 / max(reduced.samples, 1)
         t1 = time.perf_counter()
         self.engine.update(lr, skip, scale)
-        t2 = time.perf_counter()
-        self.phase_s[self.engine.reduce_phase] += t1 - t0
-        self.phase_s[self.engine.update_phase] += t2 - t1
-        self._push(work, skip, scale, lr)
-        self.step_s.append(time.perf_counter() - started)
+        self._timed(self.engine.reduce_phase, t0, t1, step)
+        self._timed(self.engine.update_phase, t1, time.perf_counter(), step)
+        ended = self._push(work, skip, scale, lr)
+        trace.record("step", started, ended, step=step)
+        self.step_s.append(ended - started)
         return reduced.samples, float("nan") if skip else reduced.loss
 
     def _step_batches(self, batches: Iterator[tuple[int, Batch]],
@@ -221,14 +225,17 @@ class Trainer:
                 self.embeddings.prefetch(ahead[0][1].sparse, ahead[0][0] // accumulate
                                          - work.step)
             work.lookups.append(lookup)
-            work.lookup_s += time.perf_counter() - start
+            end = time.perf_counter()
+            work.lookup_s += end - start
+            trace.record("lookup", start, end, step=work.step)
             return embedded
 
         return embed
 
-    def _push(self, work: StepWork, skip: bool, scale: float, lr: float) -> None:
+    def _push(self, work: StepWork, skip: bool, scale: float, lr: float) -> float:
         """The touched rows' gradients (and the engine's dense rows) to the store, which
-        applies them; a dropped share pushes what the store withholds."""
+        applies them; a dropped share pushes what the store withholds. Returns when it
+        ended."""
         start = time.perf_counter()
         keep = not skip and self.guard.embedding_share(work.step, work.lookups, self.layout)
         rows, grads = self.embeddings.gradients(work.lookups, scale)
@@ -237,8 +244,16 @@ class Trainer:
         moving = self.store.retier_s
         self.store.push(*self.engine.outgoing(rows, grads), lr)
         moved = self.store.retier_s - moving
-        self.phase_s["push"] += time.perf_counter() - start - moved
+        end = time.perf_counter()
+        self.phase_s["push"] += end - start - moved
         self.phase_s["retier"] += moved
+        trace.record("push", start, end, step=work.step)  # the retier spans nest in it
+        return end
+
+    def _timed(self, phase: str, start: float, end: float, step: int) -> None:
+        """Count ``end - start`` seconds to ``phase`` and mark them on the timeline."""
+        self.phase_s[phase] += end - start
+        trace.record(phase, start, end, step=step)
 
     def _slice(self, index: int) -> tuple[int, int]:
         """Train samples ``[start, stop)`` of micro-batch ``index`` on this worker."""

@@ -1,0 +1,64 @@
+"""The numba kernels a training step runs, made ready before the first step, with a log line.
+
+On a machine's first run numba compiles the sparse optimizers, the gradient coalescing, the
+reduction kernels and the frequency sketch (``cache=True``: later runs load them from
+``__pycache__``); compiling inside the first step left the progress bar at step 1 for
+seconds with no word why. :func:`prepare_kernels` runs each kernel once on a few elements,
+through the same entry points and argument types as the step, and says on rank 0 how long
+that took and whether the kernels were compiled or loaded from numba's cache.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+from embeddings import freq
+from embeddings.optim import SparseOptimizer, coalesce
+from hpctrain.comm import kernels
+
+__all__ = ["prepare_kernels"]
+
+log = logging.getLogger(__name__)
+
+
+def prepare_kernels(optimizer: str, tiering: bool) -> tuple[float, int]:
+    """Compile or load the kernels of a step with the sparse ``optimizer`` (and the tiered
+    store's frequency sketch when ``tiering``); returns (seconds, kernels compiled)."""
+    dispatchers = _dispatchers(tiering)
+    misses = sum(sum(d.stats.cache_misses.values()) for d in dispatchers)
+    log.info("preparing the numba kernels (compiled on a machine's first run, then loaded "
+             "from numba's cache)")
+    start = time.perf_counter()
+    rows, grads = np.array([2, 0, 2], np.int64), np.ones((3, 4), np.float32)
+    unique, summed = coalesce(rows, grads)
+    sparse = SparseOptimizer(optimizer)
+    weight = np.zeros((3, 4), np.float32)
+    sparse.apply(weight, sparse.new_state(3, 4), unique, summed, 0.1)
+    for dtype in (np.float32, np.float64):
+        flat, own = np.zeros(8, dtype), np.zeros(4, dtype)
+        kernels.reduce_pair(own, flat[:4], kernels.SUM, kernels.ARITH)
+        for mode in (0, 1, 2):
+            kernels.reduce_slice(flat, 4, 2, 0, own, 0, 4, mode, kernels.SUM, kernels.ARITH)
+    if tiering:
+        sketch = freq.CountMinSketch(64, 2, seed=0)
+        sketch.add(rows, np.ones(3, np.float32))
+    seconds = time.perf_counter() - start
+    compiled = sum(sum(d.stats.cache_misses.values()) for d in dispatchers) - misses
+    if compiled:
+        log.info("compiled %d numba kernels in %.1f s (cached for later runs)", compiled,
+                 seconds)
+    else:
+        log.info("numba kernels ready in %.2f s (nothing to compile)", seconds)
+    return seconds, compiled
+
+
+def _dispatchers(tiering: bool) -> list:
+    """The numba dispatchers :func:`prepare_kernels` reaches (for their cache counters)."""
+    from embeddings import optim
+
+    found = [getattr(module, name) for module in (optim, kernels, *((freq,) if tiering else ()))
+             for name in dir(module)]
+    return [d for d in found if hasattr(d, "stats") and hasattr(d.stats, "cache_misses")]
