@@ -7,6 +7,7 @@
     mpiexec -n 4 hpctrain compare-sync --models bsp,ssp:4,asp --stragglers transient:0.1:3
     hpctrain preprocess jobs/configs/criteo_sample.toml --out sample.h5
     hpctrain config [JOB.toml] [--doc]
+    hpctrain report runs/sweep --baseline sync.model=bsp     # intervals, ratios, plots
     mpiexec -n 4 hpctrain bench pipeline --json pipeline.json   # GPipe vs 1F1B bubble
     mpiexec -n 4 hpctrain bench allreduce --json out.json --plot out.png
     mpiexec -n 4 hpctrain bench calibrate --out comm.json
@@ -35,6 +36,12 @@ __all__ = ["main"]
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command in _OFFLINE:  # no job and no MPI world: files in, files out
+        try:
+            return _OFFLINE[args.command](args)
+        except HpctrainError as exc:
+            print(f"hpctrain: error: {exc}", file=sys.stderr, flush=True)
+            return USER_ERROR
     try:
         job, overrides = args.job, [*args.set, *_command_overrides(args)]
         if getattr(args, "resume", None):
@@ -88,6 +95,7 @@ def _parser() -> argparse.ArgumentParser:
                          help="training loss to time (default: 1.01 x the first model's final)")
     compare.add_argument("--out", default=None,
                          help="results folder (default runs/compare-<date-time>)")
+    _experiment_args(sub)
     cfg = command("config", "print the resolved job as TOML")
     cfg.add_argument("--doc", action="store_true", help="print the table of all config keys")
     bench = sub.add_parser("bench", help="measure a part of the toolkit on this MPI world "
@@ -127,6 +135,33 @@ def _parser() -> argparse.ArgumentParser:
                          "(point comm.calibration at the file)", benches).add_argument(
         "--out", default="comm-calibration.json", help="output file (default: %(default)s)")
     return parser
+
+
+def _experiment_args(sub: argparse._SubParsersAction) -> None:
+    report = sub.add_parser("report", help="compare run directories: per-group means with 95%% "
+                                           "intervals, ratios to a baseline, report.json/.md "
+                                           "and plots", description="compare run directories")
+    report.add_argument("paths", nargs="+", metavar="RUN_DIR_OR_SWEEP",
+                        help="run directories, or folders holding them")
+    report.add_argument("--metric", default="heldout", choices=("heldout", "train"),
+                        help="curve for the target: periodic held-out evaluation (default) or "
+                             "smoothed training loss")
+    report.add_argument("--target", type=float, default=None,
+                        help="loss to time (default: the loss every run reaches)")
+    report.add_argument("--baseline", metavar="KEY=VALUE",
+                        help="group the ratios refer to (default: the first group)")
+    report.add_argument("--out", help="folder for report.json, report.md and the plots "
+                                      "(default: the first path)")
+
+
+def _report(args: argparse.Namespace) -> int:
+    from hpctrain.experiments.report import format_report, report_paths, write_report
+
+    report = report_paths(args.paths, args.metric, args.target, args.baseline)
+    print(format_report(report))
+    written = write_report(report, args.out or args.paths[0])
+    print("wrote " + ", ".join(map(str, written)))
+    return 0
 
 
 def _resumed_job(run_dir: str) -> str:
@@ -288,6 +323,7 @@ _COMMANDS = {"train": _train, "info": _info, "preprocess": _preprocess, "config"
              "bench": _bench, "compare-sync": _compare_sync}
 _BENCHES = {"ps": _bench_ps, "pipeline": _bench_pipeline, "tiering": _bench_tiering,
             "allreduce": _bench_comm, "calibrate": _bench_comm}
+_OFFLINE = {"report": _report}
 _NEEDS_WORLD = {"train", "info", "bench", "compare-sync"}
 
 if __name__ == "__main__":
