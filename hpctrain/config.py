@@ -122,6 +122,9 @@ class TrainConfig:
     accumulate: int = option(1, "micro-batches accumulated per optimizer step", min=1)
     eval_every: int = option(0, "steps between held-out evaluations; 0 evaluates at the end",
                              min=0)
+    eval_subset: int = option(8192, "held-out samples of the periodic evaluations (the first "
+                                    "ones of the eval split, the same every time; 0: all), "
+                                    "recorded as the heldout_* curve", min=0)
     eval_batch_size: int = option(2048, "global batch of the evaluation pass", min=1)
     log_every: int = option(50, "steps between metrics.jsonl records", min=1)
     run_dir: str = option("", "run directory for config.toml and metrics.jsonl; empty makes "

@@ -148,10 +148,12 @@ class ModelParallelDLRM:
         return count, float("nan") if skip else loss_sum * scale, data_s
 
     @torch.no_grad()
-    def scores(self) -> tuple[np.ndarray, np.ndarray]:
-        """Predicted probabilities and labels of this replica's share of the eval split, on
-        the last stage's first tensor rank (empty elsewhere), via forward-only pipelines."""
+    def scores(self, limit: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Predicted probabilities and labels of this replica's share of the first ``limit``
+        samples (0: all) of the eval split, on the last stage's first tensor rank (empty
+        elsewhere), via forward-only pipelines."""
         n = self.dataset.num_samples("eval")
+        n = min(n, limit) if limit else n
         lo, hi = shard_range(n, self.replicas, self.replica)
         chunk = max(1, self.config.train.eval_batch_size // self.replicas)
         keep = self.engine.last and self.shard == 0

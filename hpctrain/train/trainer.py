@@ -59,6 +59,7 @@ from hpctrain.parallel.data import DataParallel
 from hpctrain.runtime.abort import agree
 from hpctrain.runtime.env import peak_rss_bytes
 from hpctrain.runtime.topology import shard_range
+from hpctrain.runtime.waits import wait_all
 from hpctrain.runtime.world import Topology
 from hpctrain.sync.models import table_models
 from hpctrain.sync.stragglers import Stragglers
@@ -66,6 +67,7 @@ from hpctrain.sync.types import SyncModel
 from hpctrain.train import checkpoint as ckpt
 from hpctrain.train import checkpointing, metrics
 from hpctrain.train.dense_ps import DenseOnServers, with_dense_table
+from hpctrain.train.meta import collect_meta, write_meta
 from hpctrain.train.model_parallel import ModelParallelDLRM, wants_model_parallel
 from hpctrain.train.nonfinite import NonFiniteGuard, finite_samples
 from hpctrain.train.optim import DenseOptimizer
@@ -156,6 +158,9 @@ def run_training(config: JobConfig, topo: Topology,
     run_dir = topo.world.bcast(config.train.run_dir or default_run_dir(), root=0)
     config = dataclasses.replace(config, train=dataclasses.replace(config.train,
                                                                    run_dir=run_dir))
+    meta = collect_meta(topo)
+    if meta:
+        write_meta(run_dir, meta)
     dataset = agree(topo.world, lambda: open_dataset(config.data) if topo.is_worker else None)
     sizes = topo.world.bcast(dataset.table_sizes if topo.rank == 0 else None, root=0)
     layout = TableLayout.from_sizes(sizes, config.model.embedding_dim)
@@ -231,6 +236,7 @@ class Trainer:
                                      sc.straggle_probability, sc.straggle_factor,
                                      sc.straggler_seed)
         self.step_s: list[float] = []
+        self.eval_s = 0.0  # periodic held-out evaluations, kept out of the run's clock
         self.store, self.dense_ps, self.prefetch = None, None, False
         self.client, self.tiered, self.warm_start_bytes = None, None, 0
         self.cadence = checkpointing.Cadence(config.checkpoint, self.comm)
@@ -480,12 +486,25 @@ class Trainer:
     # -- evaluation ------------------------------------------------------------------------
 
     @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
-        """Metrics over the whole eval split: each worker scores its contiguous part, then a
-        ``Gatherv`` over the workers brings scores and labels to worker 0 (others get {})."""
+    def evaluate(self, limit: int = 0) -> dict[str, float]:
+        """Metrics over the first ``limit`` samples of the eval split (0: all): each worker
+        scores its contiguous part, then a ``Gatherv`` over the workers brings scores and
+        labels to worker 0 (others get {}). With parameter servers every worker reads the
+        same model, whatever the sync model: reads wait for all pushes of all workers
+        (:meth:`~ps.client.PSClient.consistent_reads`), and a barrier over the workers
+        keeps anyone from pushing again before all have read."""
+        if self.client:
+            with self.client.consistent_reads():
+                result = self._evaluate(limit)
+            wait_all([self.comm.Ibarrier()])
+            return result
+        return self._evaluate(limit)
+
+    def _evaluate(self, limit: int) -> dict[str, float]:
         if self.dense_ps:
             self.dense_ps.pull()
-        probs, labels = self.hybrid.scores() if self.hybrid is not None else self._scores()
+        probs, labels = (self.hybrid.scores(limit) if self.hybrid is not None
+                         else self._scores(limit))
         all_probs = gatherv(probs, self.comm)
         all_labels = gatherv(labels, self.comm)
         if all_probs is None:
@@ -497,10 +516,12 @@ class Trainer:
                 "samples": int(len(all_labels))}
 
     @torch.no_grad()
-    def _scores(self) -> tuple[np.ndarray, np.ndarray]:
-        """Probabilities and labels of this worker's contiguous part of the eval split."""
+    def _scores(self, limit: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Probabilities and labels of this worker's contiguous part of the first ``limit``
+        samples (0: all) of the eval split."""
         self.model.eval()
         n = self.dataset.num_samples("eval")
+        n = min(n, limit) if limit else n
         lo, hi = shard_range(n, self.comm.Get_size(), self.comm.Get_rank())
         chunk = max(1, self.config.train.eval_batch_size // self.comm.Get_size())
         probs, labels = [np.empty(0, np.float32)], [np.empty(0, np.float32)]
@@ -540,19 +561,19 @@ class Trainer:
             done = step + 1
             if run and (done % tc.log_every == 0 or done == self.steps):
                 summary.train_loss = window_loss / window_n if window_n else float("nan")
-                elapsed = time.perf_counter() - start
+                elapsed = time.perf_counter() - start - self.eval_s
                 run.log({"step": done, "samples": summary.samples, "time_s": elapsed,
                          "train_loss": summary.train_loss, "lr": self.learning_rate(step),
                          "samples_per_s": summary.samples / elapsed})
                 bar.set_postfix(loss=f"{summary.train_loss:.4f}")
                 window_loss, window_n = 0.0, 0
-            if tc.eval_every and done % tc.eval_every == 0 and done != self.steps:
-                self._log_eval(done)
+            if tc.eval_every and (done % tc.eval_every == 0 or done == self.steps):
+                self._log_heldout(done, summary.samples, time.perf_counter() - start)
             if self.cadence.due(done, final=done == self.steps):
                 self.save_checkpoint(done)
         bar.close()
         summary.steps = self.steps
-        summary.wall_s = time.perf_counter() - start
+        summary.wall_s = time.perf_counter() - start - self.eval_s
         summary.phase_s = {k: self.phase_s[k] for k in PHASES}
         summary.eval = self._log_eval(self.steps)
         facts = self.comm.gather(self._rank_facts(), root=0)
@@ -578,6 +599,16 @@ class Trainer:
         if self.run:
             self.run.write_json("summary.json", summary.as_dict())
             self.run.close()
+
+    def _log_heldout(self, step: int, samples: int, elapsed: float) -> None:
+        """A point of the held-out curve (the first ``train.eval_subset`` eval samples) at
+        the run's clock; the evaluation's own time is kept out of the clock and wall_s."""
+        started = time.perf_counter()
+        result = self.evaluate(self.config.train.eval_subset)
+        if self.run:
+            self.run.log({"step": step, "samples": samples, "time_s": elapsed - self.eval_s,
+                          **{f"heldout_{k}": v for k, v in result.items()}})
+        self.eval_s += time.perf_counter() - started
 
     def _log_eval(self, step: int) -> dict[str, float]:
         result = self.evaluate()
