@@ -7,6 +7,8 @@
     mpiexec -n 4 hpctrain compare-sync --models bsp,ssp:4,asp --stragglers transient:0.1:3
     hpctrain preprocess jobs/configs/criteo_sample.toml --out sample.h5
     hpctrain config [JOB.toml] [--doc]
+    hpctrain sweep jobs/sweeps/sync_stragglers.toml --out runs/sweep   # array scripts
+    hpctrain sweep --run runs/sweep                                    # or run them here
     hpctrain report runs/sweep --baseline sync.model=bsp     # intervals, ratios, plots
     mpiexec -n 4 hpctrain bench pipeline --json pipeline.json   # GPipe vs 1F1B bubble
     mpiexec -n 4 hpctrain bench allreduce --json out.json --plot out.png
@@ -152,6 +154,42 @@ def _experiment_args(sub: argparse._SubParsersAction) -> None:
                         help="group the ratios refer to (default: the first group)")
     report.add_argument("--out", help="folder for report.json, report.md and the plots "
                                       "(default: the first path)")
+
+
+    sweep = sub.add_parser("sweep", help="write a sweep file's job files and Slurm/PBS array "
+                                         "scripts (--out), or run them here (--run)",
+                           description="write a sweep's jobs and array scripts, or run them")
+    sweep.add_argument("sweep_file", nargs="?", metavar="SWEEP.toml")
+    sweep.add_argument("--out", metavar="DIR", help="folder for the jobs, scripts and runs")
+    sweep.add_argument("--run", metavar="DIR", help="run every task of the sweep in DIR here, "
+                                                    "skipping finished runs and resuming "
+                                                    "interrupted ones")
+    sweep.add_argument("--task", nargs=3, metavar=("DIR", "RANKS", "INDEX"),
+                       help="run task INDEX of DIR's RANKS-rank list (what array tasks call)")
+    sweep.add_argument("--launcher", default="mpiexec", choices=("mpiexec", "srun"),
+                       help="how --task starts its ranks (default mpiexec)")
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from hpctrain.experiments import sweep
+
+    if args.task:
+        folder, ranks, index = args.task
+        task = sweep.task_of(folder, int(ranks), int(index))
+        did = sweep.run_task(task, args.launcher)
+        print(f"hpctrain sweep: {task.name} ({task.values}): {did}", flush=True)
+        return 1 if did.startswith("failed") else 0
+    if args.run:
+        return 1 if sweep.run_all(args.run, lambda line: print(line, flush=True)) else 0
+    if not (args.sweep_file and args.out):
+        raise ConfigError("hpctrain sweep: give SWEEP.toml --out DIR, --run DIR or --task")
+    tasks = sweep.write_sweep(args.sweep_file, args.out)
+    sizes = sorted({t.ranks for t in tasks})
+    print(f"hpctrain sweep: {len(tasks)} runs in {args.out}/jobs; submit with "
+          + " ".join(f"sbatch {args.out}/slurm-{w}.sbatch" for w in sizes) + " (or qsub "
+          + " ".join(f"{args.out}/pbs-{w}.pbs" for w in sizes) + f"), or run here with "
+          f"hpctrain sweep --run {args.out}")
+    return 0
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -323,7 +361,7 @@ _COMMANDS = {"train": _train, "info": _info, "preprocess": _preprocess, "config"
              "bench": _bench, "compare-sync": _compare_sync}
 _BENCHES = {"ps": _bench_ps, "pipeline": _bench_pipeline, "tiering": _bench_tiering,
             "allreduce": _bench_comm, "calibrate": _bench_comm}
-_OFFLINE = {"report": _report}
+_OFFLINE = {"report": _report, "sweep": _sweep}
 _NEEDS_WORLD = {"train", "info", "bench", "compare-sync"}
 
 if __name__ == "__main__":
