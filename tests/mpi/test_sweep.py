@@ -15,11 +15,9 @@ from hpctrain.config import load_config
 TINY = """
 [sweep]
 repeats = 2
-ranks = 2
+ranks = 1
 
 [set]
-"ps.servers" = 1
-"ps.mode" = "full"
 "data.train_samples" = 3000
 "data.eval_samples" = 400
 "data.table_sizes" = [100, 1000, 30]
@@ -29,7 +27,7 @@ ranks = 2
 "train.eval_subset" = 200
 
 [grid]
-"sync.model" = ["bsp", "ssp:2"]
+"train.lr" = [0.05, 0.1]
 """
 
 
@@ -74,15 +72,15 @@ def test_slurm_array_task_runs_its_point_then_run_and_report_finish_the_sweep(tm
     srun.chmod(0o755)
     env = dict(child_env(), PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
                SLURM_ARRAY_TASK_ID="1")
-    result = subprocess.run(["bash", str(out / "slurm-2.sbatch")], env=env, cwd=ROOT,
+    result = subprocess.run(["bash", str(out / "slurm-1.sbatch")], env=env, cwd=ROOT,
                             capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "srun-stand-in -n 2" in result.stdout
+    assert "srun-stand-in -n 1" in result.stdout
     ran = out / "runs" / tasks[1]["name"]
-    assert load_config(ran / "config.toml").sync.model == tasks[1]["values"]["sync.model"]
+    assert load_config(ran / "config.toml").train.lr == tasks[1]["values"]["train.lr"] == 0.1
     assert (ran / "summary.json").exists() and not (out / "runs" / tasks[0]["name"]).exists()
     meta = json.loads((ran / "meta.json").read_text())
-    assert meta["job"]["SLURM_ARRAY_TASK_ID"] == "1" and meta["world"]["ranks"] == 2
+    assert meta["job"]["SLURM_ARRAY_TASK_ID"] == "1" and meta["world"]["ranks"] == 1
     assert any("heldout_log_loss" in json.loads(line)
                for line in (ran / "metrics.jsonl").read_text().splitlines())
 
@@ -93,7 +91,7 @@ def test_slurm_array_task_runs_its_point_then_run_and_report_finish_the_sweep(tm
                            env=child_env(), cwd=ROOT, capture_output=True, text=True,
                            timeout=400)
     assert local.returncode == 0, local.stdout + local.stderr
-    assert f"{tasks[1]['name']} (sync.model=ssp:2, world.ranks=2): finished already" in \
+    assert f"{tasks[1]['name']} (train.lr=0.1, world.ranks=1): finished already" in \
         local.stdout
     assert local.stdout.count(": trained") == 3
     assert '"step": 999' not in (partial / "metrics.jsonl").read_text()
@@ -102,7 +100,7 @@ def test_slurm_array_task_runs_its_point_then_run_and_report_finish_the_sweep(tm
                              "--out", str(out)], env=child_env(), cwd=ROOT,
                             capture_output=True, text=True, timeout=120)
     assert report.returncode == 0, report.stdout + report.stderr
-    assert "sync.model=ssp:2" in report.stdout and "fewer than 3" in report.stdout
+    assert "train.lr=0.1" in report.stdout and "fewer than 3" in report.stdout
     summary = json.loads((out / "report.json").read_text())
     assert [g["n"] for g in summary["groups"]] == [2, 2]
     assert (out / "curves.png").exists() and (out / "report.md").exists()
