@@ -52,6 +52,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = load_config(job, overrides)
         if args.command == "compare-sync":
             parse_models(args.models)
+            if args.repeats < 1:
+                raise ConfigError(f"--repeats {args.repeats}: expected at least 1")
             if not config.ps.servers:  # sync models govern parameter-server tables
                 config = load_config(args.job, ["ps.servers=1", "ps.mode='full'", *args.set,
                                                 *_command_overrides(args)])
@@ -93,8 +95,13 @@ def _parser() -> argparse.ArgumentParser:
                          help="comma-separated: bsp, ssp:S, asp (default bsp,ssp:2,ssp:8,asp)")
     compare.add_argument("--stragglers", default="none",
                          help="none, transient:P:FACTOR or persistent:WORKER[+WORKER]:FACTOR")
+    compare.add_argument("--repeats", type=int, default=3,
+                         help="runs per model, interleaved, seed + i in repeat i; then the "
+                              "report with 95%% intervals (default 3; 1: the single-run table)")
     compare.add_argument("--target-loss", type=float, default=None,
-                         help="training loss to time (default: 1.01 x the first model's final)")
+                         help="loss to time: held-out (repeats > 1; default: the loss every "
+                              "run reaches) or training loss (--repeats 1; default: 1.01 x the "
+                              "first model's final)")
     compare.add_argument("--out", default=None,
                          help="results folder (default runs/compare-<date-time>)")
     _experiment_args(sub)
@@ -216,7 +223,7 @@ def _command_overrides(args: argparse.Namespace) -> list[str]:
     if args.command == "bench" and args.bench == "tiering":
         return ["ps.servers=1", "train.progress=false"]
     if args.command == "compare-sync":
-        from hpctrain.train.compare import straggler_overrides
+        from hpctrain.experiments.compare import straggler_overrides
 
         return straggler_overrides(args.stragglers)
     return []
@@ -298,13 +305,18 @@ def _bench_tiering(args: argparse.Namespace, config: JobConfig, topo: Topology |
 
 
 def _compare_sync(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -> int:
-    from hpctrain.train.compare import compare_sync, format_comparison
+    from hpctrain.experiments.compare import compare_sync, format_comparison
     from hpctrain.train.rundir import default_run_dir
 
     out = args.out or default_run_dir().replace("runs/", "runs/compare-")
     out = topo.world.bcast(out, root=0)
-    result = compare_sync(config, topo, args.models, out, args.target_loss)
-    if result is not None:
+    result = compare_sync(config, topo, args.models, out, args.target_loss, args.repeats)
+    if result is not None and args.repeats > 1:
+        from hpctrain.experiments.report import format_report
+
+        print(format_report(result))
+        print(f"wrote {out}/report.json, report.md, curves.png and time_to_target.png")
+    elif result is not None:
         print(format_comparison(result))
         print(f"wrote {out}/summary.json and {out}/loss.png")
     return 0

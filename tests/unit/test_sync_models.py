@@ -2,12 +2,12 @@ import pytest
 
 from hpctrain.config import load_config
 from hpctrain.errors import ConfigError
+from hpctrain.experiments.compare import straggler_overrides
 from hpctrain.sync.asp import ASP
 from hpctrain.sync.bsp import BSP
 from hpctrain.sync.models import parse_model, parse_models, table_models
 from hpctrain.sync.ssp import ssp
 from hpctrain.sync.stragglers import Stragglers
-from hpctrain.train.compare import straggler_overrides
 
 
 def test_the_clock_rule():
