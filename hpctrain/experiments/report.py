@@ -192,6 +192,8 @@ def _compare(group: dict[str, Any], base: dict[str, Any], metric: str) -> dict[s
     if a["missing"] or b["missing"]:
         return {"verdict": f"not comparable ({a['missing']} of {group['n']} and "
                            f"{b['missing']} of {base['n']} runs lack it)"}
+    if not b["estimate"]:
+        return {"verdict": "no ratio (the baseline's mean is 0)"}
     ratio = stats.ratio_interval(a["values"], b["values"])
     _, lower, higher = METRICS[metric]
     return {**ratio.as_dict(), "verdict": stats.verdict(ratio, lower, higher)}
@@ -254,34 +256,40 @@ _DIGITS = {"time_to_target_s": 1, "samples_to_target": 0, "final_log_loss": 4,
 
 
 def _tables(report: dict[str, Any], markdown: bool) -> list[str]:
-    def row(cells: list[str]) -> str:
-        return "| " + " | ".join(cells) + " |" if markdown else "  ".join(cells)
-
+    """The per-group table and the comparison table: markdown, or aligned columns."""
+    blocks = _rows(report)
+    if markdown:
+        return [line for block in blocks for line in (
+            ["| " + " | ".join(block[0]) + " |", "| " + " | ".join(["---"] * len(block[0]))
+             + " |"] + ["| " + " | ".join(r) + " |" for r in block[1:]] + [""])]
     lines = []
-    head = ["group", "n", *(METRICS[m][0] for m in METRICS),
-            "to target (MLPerf mean)"]
-    lines += [row(head)] + ([row(["---"] * len(head))] if markdown else [])
+    for block in blocks:
+        widths = [max(len(r[i]) for r in block) for i in range(len(block[0]))]
+        lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+                  for r in block] + [""]
+    return lines
+
+
+def _rows(report: dict[str, Any]) -> list[list[list[str]]]:
+    """The rows (header first) of the per-group table and of the comparison table."""
+    groups = [["group", "n", *(METRICS[m][0] for m in METRICS), "to target (MLPerf mean)"]]
     for g in report["groups"]:
         trimmed = g["metrics"]["time_to_target_s"].get("trimmed_mean")
-        lines.append(row([g["name"], str(g["n"]),
-                          *(_cell(g["metrics"][m], _DIGITS[m]) for m in METRICS),
-                          f"{trimmed:.1f}" if trimmed is not None else "-"]))
-    lines.append("")
-    head = ["group vs " + report["baseline"], *(f"{METRICS[m][0]} ratio" for m in METRICS)]
-    lines += [row(head)] + ([row(["---"] * len(head))] if markdown else [])
+        groups.append([g["name"], str(g["n"]),
+                       *(_cell(g["metrics"][m], _DIGITS[m]) for m in METRICS),
+                       f"{trimmed:.1f}" if trimmed is not None else "-"])
+    ratios = [["vs " + report["baseline"], *(f"{METRICS[m][0]} ratio" for m in METRICS)]]
     for g in report["groups"]:
         if "vs_baseline" not in g:
             continue
         cells = []
         for m in METRICS:
             c = g["vs_baseline"][m]
-            if "estimate" not in c:
-                cells.append(c["verdict"])
-                continue
-            bounds = (f" [{c['lo']:.3f}, {c['hi']:.3f}]" if c["lo"] is not None else "")
-            cells.append(f"{c['estimate']:.3f}{bounds} {c['verdict']}")
-        lines.append(row([g["name"], *cells]))
-    return lines
+            bounds = (f" [{c['lo']:.3f}, {c['hi']:.3f}]" if c.get("lo") is not None else "")
+            cells.append(f"{c['estimate']:.3f}{bounds} {c['verdict']}" if "estimate" in c
+                         else c["verdict"])
+        ratios.append([g["name"], *cells])
+    return [groups, ratios] if len(ratios) > 1 else [groups]
 
 
 def _preamble(report: dict[str, Any]) -> list[str]:
@@ -304,7 +312,7 @@ def write_report(report: dict[str, Any], out: str | Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "report.json", json.dumps(report, indent=1) + "\n")
     md = ["# hpctrain report", ""] + [f"- {line}" for line in _preamble(report)] + [""]
-    md += _tables(report, markdown=True) + ["", "![curves](curves.png)", "",
+    md += _tables(report, markdown=True) + ["![curves](curves.png)", "",
                                             "![time to target](time_to_target.png)", ""]
     write_text_atomic(out / "report.md", "\n".join(md))
     return [out / "report.json", out / "report.md", *_plot(report, out)]
