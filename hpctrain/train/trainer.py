@@ -61,7 +61,7 @@ from hpctrain.runtime.env import peak_rss_bytes
 from hpctrain.runtime.topology import shard_range
 from hpctrain.runtime.waits import wait_all
 from hpctrain.runtime.world import Topology
-from hpctrain.sync.models import table_models
+from hpctrain.sync.models import lr_factor, table_models
 from hpctrain.sync.stragglers import Stragglers
 from hpctrain.sync.types import SyncModel
 from hpctrain.train import checkpoint as ckpt
@@ -353,7 +353,8 @@ class Trainer:
 
     def learning_rate(self, step: int) -> float:
         tc = self.config.train
-        return tc.lr * min(1.0, (step + 1) / tc.warmup_steps) if tc.warmup_steps else tc.lr
+        lr = tc.lr * lr_factor(self.config.sync.model, self.config.sync.ssp_lr)
+        return lr * min(1.0, (step + 1) / tc.warmup_steps) if tc.warmup_steps else lr
 
     def micro_batches(self) -> Iterator[tuple[int, Batch]]:
         """(micro-batch index, this worker's slice) for every micro-batch left to run."""

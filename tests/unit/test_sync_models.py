@@ -68,3 +68,15 @@ def test_straggler_flags():
                                                        "sync.slow_factor=4.0"]
     with pytest.raises(ConfigError, match="--stragglers"):
         straggler_overrides("transient:often:3")
+
+
+def test_ssp_learning_rate_rule():
+    from hpctrain.sync.models import lr_factor
+
+    assert lr_factor("ssp:3", "sqrt") == 0.5 and lr_factor("bsp", "sqrt") == 1.0
+    assert lr_factor("ssp:8", "constant") == 1.0
+    assert load_config(overrides=["ps.servers=1", "sync.model='ssp:4'",
+                                  "sync.ssp_lr='sqrt'"]).sync.ssp_lr == "sqrt"
+    for sets in (["ps.servers=1", "sync.model='asp'"], ["sync.model='ssp:4'"]):
+        with pytest.raises(ConfigError, match="sync.ssp_lr = 'sqrt' scales"):
+            load_config(overrides=[*sets, "sync.ssp_lr='sqrt'"])
