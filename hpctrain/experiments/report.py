@@ -88,6 +88,8 @@ def build_report(runs: list[Run], metric: str = "heldout", target: float | None 
             group["vs_baseline"] = {m: _compare(group, base, m) for m in METRICS}
     warnings = [f"group {g['name']}: {g['n']} run(s); fewer than 3 give a weak interval"
                 for g in groups if g["n"] < 3]
+    warnings += [f"{r.path} was resumed: its clock restarted at the resume, so its times to "
+                 f"target and samples/s do not compare" for r in done if r.meta.get("resumes")]
     return {"metric": metric, "target_loss": target, "target_source": target_source,
             "level": stats.LEVEL, "mean_interval": stats.MEAN_METHOD,
             "ratio_interval": stats.RATIO_METHOD, "baseline": base["name"],

@@ -134,6 +134,9 @@ def test_small_groups_warn_and_unfinished_runs_are_listed_not_averaged(tmp_path)
     assert report["excluded"] == [{"run": str(tmp_path / "c"),
                                    "why": "unfinished (no summary.json)"}]
     assert "fewer than 3" in report["warnings"][0]
+    (tmp_path / "b" / "meta.json").write_text(json.dumps({"world": {"ranks": 3}, "resumes": [{}]}))
+    again = build_report(find_runs([str(tmp_path)]), target=0.5)
+    assert "b was resumed" in again["warnings"][1]
 
 
 def test_refusals_are_one_line_and_exit_2(tmp_path, capsys):
