@@ -262,8 +262,7 @@ def run_task(task: Task, launcher: str = "mpiexec") -> str:
         for name in ("metrics.jsonl", "meta.json"):
             (run_dir / name).unlink(missing_ok=True)
         did = "trained"
-    env = dict(os.environ, HPCTRAIN_TRAIN__PROGRESS="false")
-    result = subprocess.run(command, env=env, check=False)
+    result = subprocess.run(command, check=False)
     if result.returncode != 0:
         return f"failed (exit {result.returncode}; see {run_dir})"
     return did
