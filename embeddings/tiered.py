@@ -41,7 +41,8 @@ steps of the other workers' updates (for SGD at a constant rate the base equals 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -230,12 +231,27 @@ class TieredStore(EmbeddingStore):
         """Write every hot row back with its optimizer state and merge the last counts;
         collective over ``group``. Afterwards the cold store holds every row's current value
         (hot rows stay hot and are still served locally)."""
+        self._refresh()
+        self._merge_counts()
+        self._write_back(self.hot.rows)
+
+    @contextmanager
+    def consistent_reads(self) -> Iterator[None]:
+        """Hot replicas refreshed with every worker's hot gradients so far (collective over
+        ``group``; under a staleness bound this brings the next refresh forward), cold rows
+        read as the cold store's :meth:`~embeddings.types.EmbeddingStore.consistent_reads`
+        does."""
+        self._refresh()
+        with self.cold.consistent_reads():
+            yield
+
+    def _refresh(self) -> None:
+        """Complete the hot sum in flight and, under a staleness bound, sum what the workers
+        accumulated since the last refresh: every replica then holds every hot update."""
         self._finish_sum()
         if self.base is not None and self.last_sync < self.step - 1:
             self._update_hot(_NO_ROWS, np.empty((0, self.dim), np.float32), self._lr, True,
                              None)
-        self._merge_counts()
-        self._write_back(self.hot.rows)
 
     def save(self, out: RowSink) -> None:
         """The hot rows' current values go back to the cold store, which saves them."""

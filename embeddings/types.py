@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -111,6 +112,13 @@ class EmbeddingStore(ABC):
     @abstractmethod
     def restore(self, source: RowSource) -> None:
         """Take up the rows and clocks of ``source`` (every worker, before training)."""
+
+    def consistent_reads(self) -> AbstractContextManager[None]:
+        """A block within which every :meth:`pull` sees every worker's updates of all
+        earlier steps, whatever the sync model, so that an evaluation scores one model on
+        every worker; entered by all the store's workers after the same push. Stores whose
+        reads always do (replicas updated together) need nothing."""
+        return nullcontext()
 
     def flush(self) -> None:  # noqa: B027 - optional hook
         """Make the rows' current values readable where a checkpoint reads them (stores

@@ -10,6 +10,9 @@
     hpctrain plan [JOB.toml] --cluster cluster.toml    # predicted memory/time per layout
     hpctrain plan calc zero --params 7B --stage 3 --dp 64
     mpiexec -n 2 hpctrain train --set runtime.trace=t.json; hpctrain trace summarize t.json
+    hpctrain sweep jobs/sweeps/sync_stragglers.toml --out runs/sweep   # array scripts
+    hpctrain sweep --run runs/sweep                                    # or run them here
+    hpctrain report runs/sweep --baseline sync.model=bsp     # intervals, ratios, plots
     mpiexec -n 4 hpctrain bench pipeline --json pipeline.json   # GPipe vs 1F1B bubble
     mpiexec -n 4 hpctrain bench allreduce --json out.json --plot out.png
     mpiexec -n 4 hpctrain bench calibrate --out comm.json
@@ -42,6 +45,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return plan_main(argv[1:])
     args = _parser().parse_args(argv)
+    if args.command in _OFFLINE:  # no job and no MPI world: files in, files out
+        try:
+            return _OFFLINE[args.command](args)
+        except HpctrainError as exc:
+            print(f"hpctrain: error: {exc}", file=sys.stderr, flush=True)
+            return USER_ERROR
     try:
         job, overrides = args.job, [*args.set, *_command_overrides(args)]
         if getattr(args, "resume", None):
@@ -49,9 +58,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             overrides.append(f"train.run_dir={args.resume!r}")
         config = load_config(job, overrides)
         if args.command == "compare-sync":
-            from hpctrain.train.compare import sync_variants
+            from hpctrain.experiments.compare import sync_variants
 
             local = any(s.dense != "bsp" for _, s in sync_variants(args.models, config.sync))
+            if args.repeats < 1:
+                raise ConfigError(f"--repeats {args.repeats}: expected at least 1")
             if not config.ps.servers:  # sync models govern parameter-server tables; local
                 mode = "hybrid" if local else "full"  # SGD needs the dense part on workers
                 config = load_config(args.job, ["ps.servers=1", f"ps.mode={mode!r}", *args.set,
@@ -105,10 +116,16 @@ def _parser() -> argparse.ArgumentParser:
                               "(default bsp,ssp:2,ssp:8,asp)")
     compare.add_argument("--stragglers", default="none",
                          help="none, transient:P:FACTOR or persistent:WORKER[+WORKER]:FACTOR")
+    compare.add_argument("--repeats", type=int, default=3,
+                         help="runs per model, interleaved, seed + i in repeat i; then the "
+                              "report with 95%% intervals (default 3; 1: the single-run table)")
     compare.add_argument("--target-loss", type=float, default=None,
-                         help="training loss to time (default: 1.01 x the first model's final)")
+                         help="loss to time: held-out (repeats > 1; default: the loss every "
+                              "run reaches) or training loss (--repeats 1; default: 1.01 x the "
+                              "first model's final)")
     compare.add_argument("--out", default=None,
                          help="results folder (default runs/compare-<date-time>)")
+    _experiment_args(sub)
     cfg = command("config", "print the resolved job as TOML")
     cfg.add_argument("--doc", action="store_true", help="print the table of all config keys")
     bench = sub.add_parser("bench", help="measure a part of the toolkit on this MPI world "
@@ -184,6 +201,69 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _experiment_args(sub: argparse._SubParsersAction) -> None:
+    report = sub.add_parser("report", help="compare run directories: per-group means with 95%% "
+                                           "intervals, ratios to a baseline, report.json/.md "
+                                           "and plots", description="compare run directories")
+    report.add_argument("paths", nargs="+", metavar="RUN_DIR_OR_SWEEP",
+                        help="run directories, or folders holding them")
+    report.add_argument("--metric", default="heldout", choices=("heldout", "train"),
+                        help="curve for the target: periodic held-out evaluation (default) or "
+                             "smoothed training loss")
+    report.add_argument("--target", type=float, default=None,
+                        help="loss to time (default: the loss every run reaches)")
+    report.add_argument("--baseline", metavar="KEY=VALUE",
+                        help="group the ratios refer to (default: the first group)")
+    report.add_argument("--out", help="folder for report.json, report.md and the plots "
+                                      "(default: the first path)")
+
+
+    sweep = sub.add_parser("sweep", help="write a sweep file's job files and Slurm/PBS array "
+                                         "scripts (--out), or run them here (--run)",
+                           description="write a sweep's jobs and array scripts, or run them")
+    sweep.add_argument("sweep_file", nargs="?", metavar="SWEEP.toml")
+    sweep.add_argument("--out", metavar="DIR", help="folder for the jobs, scripts and runs")
+    sweep.add_argument("--run", metavar="DIR", help="run every task of the sweep in DIR here, "
+                                                    "skipping finished runs and resuming "
+                                                    "interrupted ones")
+    sweep.add_argument("--task", nargs=3, metavar=("DIR", "RANKS", "INDEX"),
+                       help="run task INDEX of DIR's RANKS-rank list (what array tasks call)")
+    sweep.add_argument("--launcher", default="mpiexec", choices=("mpiexec", "srun"),
+                       help="how --task starts its ranks (default mpiexec)")
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from hpctrain.experiments import sweep
+
+    if args.task:
+        folder, ranks, index = args.task
+        task = sweep.task_of(folder, int(ranks), int(index))
+        did = sweep.run_task(task, args.launcher)
+        print(f"hpctrain sweep: {task.name} ({task.values}): {did}", flush=True)
+        return 1 if did.startswith("failed") else 0
+    if args.run:
+        return 1 if sweep.run_all(args.run, lambda line: print(line, flush=True)) else 0
+    if not (args.sweep_file and args.out):
+        raise ConfigError("hpctrain sweep: give SWEEP.toml --out DIR, --run DIR or --task")
+    tasks = sweep.write_sweep(args.sweep_file, args.out)
+    sizes = sorted({t.ranks for t in tasks})
+    print(f"hpctrain sweep: {len(tasks)} runs in {args.out}/jobs; submit with "
+          + " ".join(f"sbatch {args.out}/slurm-{w}.sbatch" for w in sizes) + " (or qsub "
+          + " ".join(f"{args.out}/pbs-{w}.pbs" for w in sizes) + f"), or run here with "
+          f"hpctrain sweep --run {args.out}")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from hpctrain.experiments.report import format_report, report_paths, write_report
+
+    report = report_paths(args.paths, args.metric, args.target, args.baseline)
+    print(format_report(report))
+    written = write_report(report, args.out or args.paths[0])
+    print("wrote " + ", ".join(map(str, written)))
+    return 0
+
+
 def _resumed_job(run_dir: str) -> str:
     config = os.path.join(run_dir, "config.toml")
     if not os.path.exists(config):
@@ -200,7 +280,7 @@ def _command_overrides(args: argparse.Namespace) -> list[str]:
     if args.command == "bench" and args.bench == "tiering":
         return ["ps.servers=1", "train.progress=false"]
     if args.command == "compare-sync":
-        from hpctrain.train.compare import straggler_overrides
+        from hpctrain.experiments.compare import straggler_overrides
 
         return straggler_overrides(args.stragglers)
     return []
@@ -305,13 +385,18 @@ def _bench_data(args: argparse.Namespace, config: JobConfig, topo: Topology | No
 
 
 def _compare_sync(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -> int:
-    from hpctrain.train.compare import compare_sync, format_comparison
+    from hpctrain.experiments.compare import compare_sync, format_comparison
     from hpctrain.train.rundir import default_run_dir
 
     out = args.out or default_run_dir().replace("runs/", "runs/compare-")
     out = topo.world.bcast(out, root=0)
-    result = compare_sync(config, topo, args.models, out, args.target_loss)
-    if result is not None:
+    result = compare_sync(config, topo, args.models, out, args.target_loss, args.repeats)
+    if result is not None and args.repeats > 1:
+        from hpctrain.experiments.report import format_report
+
+        print(format_report(result))
+        print(f"wrote {out}/report.json, report.md, curves.png and time_to_target.png")
+    elif result is not None:
         print(format_comparison(result))
         print(f"wrote {out}/summary.json and {out}/loss.png")
     return 0
@@ -403,6 +488,7 @@ _COMMANDS = {"train": _train, "info": _info, "preprocess": _preprocess, "config"
 _BENCHES = {"ps": _bench_ps, "pipeline": _bench_pipeline, "tiering": _bench_tiering,
             "allreduce": _bench_comm, "calibrate": _bench_comm, "alltoall": _bench_alltoall,
             "embeddings": _bench_embeddings, "dlrm": _bench_dlrm, "data": _bench_data}
+_OFFLINE = {"report": _report, "sweep": _sweep}
 _NEEDS_WORLD = {"train", "info", "bench", "compare-sync"}
 
 if __name__ == "__main__":

@@ -150,6 +150,9 @@ class TrainConfig:
     accumulate: int = option(1, "micro-batches accumulated per optimizer step", min=1)
     eval_every: int = option(0, "steps between held-out evaluations; 0 evaluates at the end",
                              min=0)
+    eval_subset: int = option(8192, "held-out samples of the periodic evaluations (the first "
+                                    "ones of the eval split, the same every time; 0: all), "
+                                    "recorded as the heldout_* curve", min=0)
     eval_batch_size: int = option(2048, "global batch of the evaluation pass", min=1)
     log_every: int = option(50, "steps between metrics.jsonl records", min=1)
     run_dir: str = option("", "run directory for config.toml and metrics.jsonl; empty makes "
@@ -247,6 +250,9 @@ class SyncConfig:
     dense: str = option("bsp", "sync model of the dense part in data-parallel mode: bsp (a "
                                "gradient reduction every step) or local:H (local SGD: H local "
                                "steps between parameter averages)")
+    ssp_lr: str = option("constant", "learning rate under a staleness bound S (ssp:S): "
+                                     "constant, or sqrt: train.lr / sqrt(1 + S)",
+                         choices=("constant", "sqrt"))
 
 
 @dataclass(frozen=True)
@@ -374,6 +380,10 @@ class JobConfig:
             if not sep or not table.strip():
                 raise ConfigError(f"sync.table_models[{i}]: expected 'TABLE=MODEL', got {item!r}")
             bounds.append(staleness_bound(name, f"sync.table_models[{i}]"))
+        if self.sync.ssp_lr == "sqrt" and (bounds[0] is None or not self.ps.servers):
+            raise ConfigError(f"sync.ssp_lr = 'sqrt' scales by the staleness bound of "
+                              f"sync.model on parameter servers; sync.model = "
+                              f"{self.sync.model!r} with ps.servers = {self.ps.servers} has none")
         if self.sync.deterministic and (self.ps.prefetch or any(b != 0 for b in bounds)):
             raise ConfigError("sync.deterministic needs staleness 0 everywhere (bsp or ssp:0) "
                               "and ps.prefetch = false")

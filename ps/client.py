@@ -19,7 +19,8 @@ As a :class:`~embeddings.types.BackingStore` (the cold tier of hot/cold tiering)
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -105,12 +106,26 @@ class PSClient(BackingStore):
         self.clock = 0
         self._seq = 0
         self._prefetched: list[_Pending] = []
+        self._consistent = False
         self._sends: list[tuple[MPI.Request, np.ndarray]] = []
         self.stats = ClientStats()
 
     # -- EmbeddingStore ----------------------------------------------------------------------
 
+    @contextmanager
+    def consistent_reads(self) -> Iterator[None]:
+        """Within the block, :meth:`pull` is a BSP read (a ``READ`` at this worker's clock,
+        answered once every worker's pushes of all earlier steps are applied), whatever the
+        sync model: an evaluation then sees the same model on every worker."""
+        self._consistent = True
+        try:
+            yield
+        finally:
+            self._consistent = False
+
     def pull(self, rows: np.ndarray) -> np.ndarray:
+        if self._consistent:
+            return self.read(rows)[:, : self.dim]
         for i, pending in enumerate(self._prefetched):
             if np.array_equal(pending.rows, rows):
                 self.stats.prefetch_hits += 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from hpctrain.config import staleness_bound
@@ -11,7 +12,7 @@ from hpctrain.sync.bsp import BSP
 from hpctrain.sync.ssp import ssp
 from hpctrain.sync.types import SyncModel
 
-__all__ = ["parse_model", "parse_models", "table_models"]
+__all__ = ["parse_model", "parse_models", "table_models", "lr_factor"]
 
 
 def parse_model(text: str, where: str = "sync.model") -> SyncModel:
@@ -37,3 +38,11 @@ def table_models(default: str, overrides: Sequence[str], names: Sequence[str]) -
                               f"tables are {', '.join(names)}")
         models[names.index(table.strip())] = parse_model(model, f"sync.table_models[{i}]")
     return models
+
+
+def lr_factor(model: str, rule: str) -> float:
+    """Learning-rate multiplier of ``sync.ssp_lr``: 1, or ``1 / sqrt(1 + S)`` for a
+    staleness bound S (``bsp`` is S = 0), so stale gradients take smaller steps."""
+    if rule == "constant":
+        return 1.0
+    return 1.0 / math.sqrt(1 + staleness_bound(model))

@@ -1,10 +1,11 @@
 """A training job on every rank: each rank's role built from the config and the topology.
 
 :class:`TrainingJob` does what every rank must agree on before training (the data's table
-sizes, the parameter-server job and its sharding plan, the checkpoint to resume from), then
-gives each rank its role: a worker runs a :class:`~hpctrain.train.trainer.Trainer` (its
-dense engine and embedding store from :func:`~hpctrain.train.build.build_worker`), a
-parameter-server rank serves its shards until the workers are done.
+sizes, the parameter-server job and its sharding plan, the checkpoint to resume from, the
+run's ``meta.json`` from :mod:`hpctrain.train.meta`), then gives each rank its role: a
+worker runs a :class:`~hpctrain.train.trainer.Trainer` (its dense engine and embedding store
+from :func:`~hpctrain.train.build.build_worker`), a parameter-server rank serves its shards
+until the workers are done.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from hpctrain.sync.models import table_models
 from hpctrain.train import checkpoint as ckpt
 from hpctrain.train import checkpointing
 from hpctrain.train.dense_ps import with_dense_table
+from hpctrain.train.meta import collect_meta, write_meta
 from hpctrain.train.optim import sparse_optimizer
 from hpctrain.train.report import Summary
 from hpctrain.train.rundir import default_run_dir
@@ -74,6 +76,9 @@ class TrainingJob:
         self.config = config = dataclasses.replace(
             config, train=dataclasses.replace(config.train, run_dir=run_dir))
         self.topo = topo
+        meta = collect_meta(topo)
+        if meta:
+            write_meta(run_dir, meta)
         self.dataset = agree(topo.world, lambda: (dataset or open_dataset(config.data))
                              if topo.is_worker else None)
         sizes = topo.world.bcast(self.dataset.table_sizes if topo.rank == 0 else None, root=0)

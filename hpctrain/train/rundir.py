@@ -15,7 +15,18 @@ from typing import Any
 from hpctrain.config import JobConfig, dump_toml
 from hpctrain.errors import ConfigError
 
-__all__ = ["RunDir", "default_run_dir"]
+__all__ = ["RunDir", "default_run_dir", "write_text_atomic"]
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
+    """Replace ``path`` with ``text`` through a temporary file in the same folder."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def default_run_dir() -> str:
@@ -39,12 +50,7 @@ class RunDir:
 
     def write_text(self, name: str, text: str) -> None:
         """Atomically replace ``name`` in the run directory with ``text``."""
-        tmp = self.path / f".{name}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path / name)
+        write_text_atomic(self.path / name, text)
 
     def write_json(self, name: str, data: dict[str, Any]) -> None:
         self.write_text(name, json.dumps(data, indent=2) + "\n")

@@ -41,7 +41,9 @@ from hpctrain.data.sharding import local_slice
 from hpctrain.runtime import trace
 from hpctrain.runtime.env import peak_rss_bytes
 from hpctrain.runtime.topology import shard_range
+from hpctrain.runtime.waits import wait_all
 from hpctrain.runtime.world import Topology
+from hpctrain.sync.models import lr_factor
 from hpctrain.sync.stragglers import Stragglers
 from hpctrain.sync.types import SyncModel
 from hpctrain.train import checkpoint as ckpt
@@ -84,6 +86,8 @@ class Trainer:
                                      sc.straggle_probability, sc.straggle_factor,
                                      sc.straggler_seed)
         self.step_s: list[float] = []
+        self.eval_s = 0.0  # periodic held-out evaluations, kept out of the run's clock
+        self.lr_factor = lr_factor(sc.model, sc.ssp_lr)
         self.cadence = checkpointing.Cadence(config.checkpoint, self.comm)
         self.parts = build_worker(config, topo, self.dataset, self.layout, job, models,
                                   manifest)
@@ -160,7 +164,9 @@ class Trainer:
     # -- one step --------------------------------------------------------------------------
 
     def learning_rate(self, step: int) -> float:
-        return scheduled_lr(self.config.train, step)
+        """``train.lr`` after ``train.lr_scaling`` and the warm-up, times ``sync.ssp_lr``'s
+        factor under a staleness bound."""
+        return self.lr_factor * scheduled_lr(self.config.train, step)
 
     def micro_batches(self) -> Iterator[tuple[int, Batch]]:
         """(micro-batch index, this worker's slice) for every micro-batch left to run."""
@@ -264,11 +270,17 @@ class Trainer:
     # -- evaluation ------------------------------------------------------------------------
 
     @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
-        """Metrics over the whole eval split: each worker scores its contiguous part, then a
-        ``Gatherv`` over the workers brings scores and labels to worker 0 (others get {})."""
-        self.engine.begin()
-        probs, labels = self._scores()
+    def evaluate(self, limit: int = 0) -> dict[str, float]:
+        """Metrics over the first ``limit`` samples of the eval split (0: all): each worker
+        scores its contiguous part, then a ``Gatherv`` over the workers brings scores and
+        labels to worker 0 (others get {}). Every worker reads the same model whatever the
+        sync model (the store's
+        :meth:`~embeddings.types.EmbeddingStore.consistent_reads`), and a barrier over the
+        workers keeps anyone from pushing again before all have read."""
+        with self.store.consistent_reads():
+            self.engine.begin()
+            probs, labels = self._scores(limit)
+        wait_all([self.comm.Ibarrier()])
         all_probs = gatherv(probs, self.comm)
         all_labels = gatherv(labels, self.comm)
         if all_probs is None:
@@ -280,11 +292,12 @@ class Trainer:
                 "samples": int(len(all_labels))}
 
     @torch.no_grad()
-    def _scores(self) -> tuple[np.ndarray, np.ndarray]:
-        """Probabilities and labels of this replica's contiguous part of the eval split
-        (empty on ranks whose engine does not score)."""
+    def _scores(self, limit: int) -> tuple[np.ndarray, np.ndarray]:
+        """Probabilities and labels of this replica's contiguous part of the first ``limit``
+        samples (0: all) of the eval split (empty on ranks whose engine does not score)."""
         engine = self.engine
         n = self.dataset.num_samples("eval")
+        n = min(n, limit) if limit else n
         lo, hi = shard_range(n, engine.replicas, engine.replica)
         chunk = max(1, self.config.train.eval_batch_size // engine.replicas)
         probs, labels = [np.empty(0, np.float32)], [np.empty(0, np.float32)]
@@ -329,19 +342,19 @@ class Trainer:
             done = step + 1
             if run and (done % tc.log_every == 0 or done == self.steps):
                 summary.train_loss = window_loss / window_n if window_n else float("nan")
-                elapsed = time.perf_counter() - start
+                elapsed = time.perf_counter() - start - self.eval_s
                 run.log({"step": done, "samples": summary.samples, "time_s": elapsed,
                          "train_loss": summary.train_loss, "lr": self.learning_rate(step),
                          "samples_per_s": summary.samples / elapsed})
                 bar.set_postfix(loss=f"{summary.train_loss:.4f}")
                 window_loss, window_n = 0.0, 0
-            if tc.eval_every and done % tc.eval_every == 0 and done != self.steps:
-                self._log_eval(done)
+            if tc.eval_every and (done % tc.eval_every == 0 or done == self.steps):
+                self._log_heldout(done, summary.samples, time.perf_counter() - start)
             if self.cadence.due(done, final=done == self.steps):
                 self.save_checkpoint(done)
         bar.close()
         summary.steps = self.steps
-        summary.wall_s = time.perf_counter() - start
+        summary.wall_s = time.perf_counter() - start - self.eval_s
         summary.phase_s = {k: self.phase_s[k] for k in PHASES}
         summary.eval = self._log_eval(self.steps)
         traffic = self.engine.traffic()
@@ -370,6 +383,16 @@ class Trainer:
         if self.run:
             self.run.write_json("summary.json", summary.as_dict())
             self.run.close()
+
+    def _log_heldout(self, step: int, samples: int, elapsed: float) -> None:
+        """A point of the held-out curve (the first ``train.eval_subset`` eval samples) at
+        the run's clock; the evaluation's own time is kept out of the clock and wall_s."""
+        started = time.perf_counter()
+        result = self.evaluate(self.config.train.eval_subset)
+        if self.run:
+            self.run.log({"step": step, "samples": samples, "time_s": elapsed - self.eval_s,
+                          **{f"heldout_{k}": v for k, v in result.items()}})
+        self.eval_s += time.perf_counter() - started
 
     def _log_eval(self, step: int) -> dict[str, float]:
         result = self.evaluate()

@@ -106,7 +106,8 @@ TINY = ["--set", "data.train_samples=6000", "--set", "data.eval_samples=600",
 
 def test_compare_sync_writes_a_table_a_summary_and_a_plot(tmp_path):
     result = run_mpi([*HPCTRAIN, "compare-sync", "--models", "bsp,ssp:1,asp", *TINY,
-                      "--stragglers", "transient:0.2:2", "--out", str(tmp_path)], ranks=3,
+                      "--repeats", "1", "--stragglers", "transient:0.2:2", "--out",
+                      str(tmp_path)], ranks=3,
                      timeout=240)
     assert result.returncode == 0, result.stdout
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -126,8 +127,24 @@ def test_compare_sync_writes_a_table_a_summary_and_a_plot(tmp_path):
     assert (tmp_path / "ssp1" / "metrics.jsonl").exists()
 
     never = run_mpi([*HPCTRAIN, "compare-sync", "--models", "bsp", *TINY, "--target-loss",
-                     "0.001", "--out", str(tmp_path / "never")], ranks=3, timeout=120)
+                     "0.001", "--repeats", "1", "--out", str(tmp_path / "never")], ranks=3,
+                    timeout=120)
     assert never.returncode == 0 and "not reached" in never.stdout, never.stdout
+
+
+def test_compare_sync_repeats_interleave_models_with_seeds_and_report(tmp_path):
+    result = run_mpi([*HPCTRAIN, "compare-sync", "--models", "bsp,asp", *TINY, "--repeats",
+                      "2", "--set", "train.eval_subset=300", "--out", str(tmp_path)],
+                     ranks=3, timeout=300)
+    assert result.returncode == 0, result.stdout
+    assert "Student t" in result.stdout and "sync.model=asp" in result.stdout
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["baseline"] == "sync.model=bsp" and [g["n"] for g in report["groups"]] == [2, 2]
+    assert [r["seed"] for r in report["groups"][1]["runs"]] == [0, 1]
+    starts = [json.loads((tmp_path / name / "meta.json").read_text())["start_time"]
+              for name in ("bsp-r0", "asp-r0", "bsp-r1", "asp-r1")]
+    assert starts == sorted(starts)  # interleaved: every model once per repeat
+    assert (tmp_path / "curves.png").exists() and (tmp_path / "time_to_target.png").exists()
 
 
 def test_compare_sync_bad_input_exits_2_with_one_line():
@@ -135,7 +152,8 @@ def test_compare_sync_bad_input_exits_2_with_one_line():
                         (["--models", "ssp:-1"], "non-negative integer"),
                         (["--models", "ssp:1.5"], "non-negative integer"),
                         (["--stragglers", "persistent:5:3"], "sync.slow_workers names worker 5"),
-                        (["--stragglers", "sometimes"], "--stragglers 'sometimes'")):
+                        (["--stragglers", "sometimes"], "--stragglers 'sometimes'"),
+                        (["--repeats", "0"], "--repeats 0")):
         result = run_mpi([*HPCTRAIN, "compare-sync", *args], ranks=3, timeout=60)
         assert result.returncode == 2, (args, result.stdout)
         lines = result.stdout.strip().splitlines()

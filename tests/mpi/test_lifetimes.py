@@ -10,8 +10,8 @@ from mpi4py import MPI
 from hpctrain.comm.owner import communicators
 from hpctrain.comm.window import open_windows
 from hpctrain.config import load_config
+from hpctrain.experiments.compare import compare_sync
 from hpctrain.runtime.world import build_topology
-from hpctrain.train.compare import compare_sync
 from hpctrain.train.job import run_training
 
 WORLD = MPI.COMM_WORLD

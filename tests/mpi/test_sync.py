@@ -105,3 +105,22 @@ def test_ssp0_is_bitwise_bsp_in_deterministic_full_mode(tmp_path):
     for a, b, c in zip(bsp, ssp0, again, strict=True):
         np.testing.assert_array_equal(a, b)
         np.testing.assert_array_equal(a, c)
+
+
+@pytest.mark.mpi(ranks=(3, 4))
+def test_final_evaluation_sees_one_model_on_every_worker_under_asp(tmp_path):
+    """ASP with a slow worker 1: without a BSP read the fast worker's last pull would miss
+    the slow one's last pushes; the evaluation reads the same dense model everywhere."""
+    config = load_config(overrides=[
+        "ps.servers=1", "ps.mode='full'", "sync.model='asp'", "sync.slow_workers=[1]",
+        "sync.slow_factor=50", "data.table_sizes=[30, 200, 7]", "data.train_samples=3000",
+        "data.eval_samples=300", "train.steps=12", "train.batch_size=60",
+        "train.progress=false",
+        f"train.run_dir={str(tmp_path / 'run')!r}"])
+    topo = build_topology(config)
+    seen = []
+    run_training(config, topo, on_trained=lambda t: seen.append(t.dense_parameters()))
+    if topo.is_worker:
+        everyone = topo.role_comm.allgather(seen[0])
+        for other in everyone[1:]:
+            np.testing.assert_array_equal(everyone[0], other)

@@ -98,6 +98,9 @@ def tiered_rounds(topo, layout, servers, capacity, examples, kind="sgd", stalene
         own.append(own[-1] - lr * step)
 
     one_round()
+    with store.consistent_reads():  # as an evaluation reads: every update, hot and cold
+        np.testing.assert_allclose(store.pull(np.arange(layout.total_rows)), reference.weight,
+                                   rtol=1e-5, atol=1e-6)
     store.flush()
     stats = store.report()
     everything = np.arange(layout.total_rows)
@@ -121,7 +124,8 @@ def test_no_update_lost_or_doubled_through_promotions_and_demotions(mpi_ranks):
     """Rounds against 1 server (np3: 2 workers) or 2 servers (np4: 2 workers): SGD (lr 1)
     with a small hot tier (gradients summed by allreduce) and a larger one (Allgatherv),
     adagrad (state moves with the rows), SGD under a staleness bound of 2 (SSP: a replica
-    lags at most 2 steps, then is refreshed), and every row hot."""
+    lags at most 2 steps, then is refreshed; 31 rounds end between refreshes, so the
+    consistent read must refresh first), and every row hot."""
     servers = mpi_ranks - 2
     topo = build_topology(load_config(overrides=[f"ps.servers={servers}"]))
     layout = TableLayout.from_sizes(SIZES, DIM)
@@ -132,7 +136,7 @@ def test_no_update_lost_or_doubled_through_promotions_and_demotions(mpi_ranks):
     finally:
         tiered._SHM_ADVANTAGE = advantage
     tiered_rounds(topo, layout, servers, capacity=20, examples=20, kind="adagrad")
-    tiered_rounds(topo, layout, servers, capacity=20, examples=30, staleness=2,
+    tiered_rounds(topo, layout, servers, capacity=20, examples=31, staleness=2,
                   tiering=dataclasses.replace(CHURN, interval=7))
     tiered_rounds(topo, layout, servers, capacity=layout.total_rows, examples=8)
     if topo.is_worker:

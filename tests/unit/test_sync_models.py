@@ -2,12 +2,12 @@ import pytest
 
 from hpctrain.config import load_config
 from hpctrain.errors import ConfigError
+from hpctrain.experiments.compare import straggler_overrides
 from hpctrain.sync.asp import ASP
 from hpctrain.sync.bsp import BSP
 from hpctrain.sync.models import parse_model, parse_models, table_models
 from hpctrain.sync.ssp import ssp
 from hpctrain.sync.stragglers import Stragglers
-from hpctrain.train.compare import straggler_overrides
 
 
 def test_the_clock_rule():
@@ -68,3 +68,15 @@ def test_straggler_flags():
                                                        "sync.slow_factor=4.0"]
     with pytest.raises(ConfigError, match="--stragglers"):
         straggler_overrides("transient:often:3")
+
+
+def test_ssp_learning_rate_rule():
+    from hpctrain.sync.models import lr_factor
+
+    assert lr_factor("ssp:3", "sqrt") == 0.5 and lr_factor("bsp", "sqrt") == 1.0
+    assert lr_factor("ssp:8", "constant") == 1.0
+    assert load_config(overrides=["ps.servers=1", "sync.model='ssp:4'",
+                                  "sync.ssp_lr='sqrt'"]).sync.ssp_lr == "sqrt"
+    for sets in (["ps.servers=1", "sync.model='asp'"], ["sync.model='ssp:4'"]):
+        with pytest.raises(ConfigError, match="sync.ssp_lr = 'sqrt' scales"):
+            load_config(overrides=[*sets, "sync.ssp_lr='sqrt'"])

@@ -1,13 +1,17 @@
-"""``hpctrain compare-sync``: the same job under several sync models, one after another.
+"""``hpctrain compare-sync``: the same job under several sync models, repeated.
 
-Every model trains on the same data, seed and allocation (sequentially, so they share the
-machine fairly) into ``OUT/<model>/``. Then world rank 0 writes ``OUT/summary.json``, prints
-a table (time and samples to a target training loss, final held-out log loss and AUC,
-throughput, staleness), and draws ``OUT/loss.png``: training loss against wall-clock time
-and against samples, one line per model.
+``--repeats N`` (default 3) trains every model N times into ``OUT/<model>-r<i>/``, the
+models interleaved within each repeat (so the machine's drift spreads over all of them),
+repeat i adding i to ``train.seed`` (model initialisation) and ``sync.straggler_seed``
+(which steps straggle). The data and its order stay fixed. Without ``train.eval_every``
+the runs evaluate every 5% of their steps, on the fixed ``train.eval_subset``; then world
+rank 0 prints and writes the report of :mod:`hpctrain.experiments.report` (intervals,
+ratios to the first model, verdicts) into ``OUT``.
 
-Without a target loss, the target is 1.01 x the first model's final training loss (BSP's
-when listed first). A model that never reaches the target is reported as "not reached".
+``--repeats 1`` keeps the single-run table: ``OUT/<model>/``, ``OUT/summary.json`` and
+``OUT/loss.png`` (training loss against wall-clock time and against samples), with time and
+samples to a target training loss, by default 1.01 x the first model's final training loss.
+A model that never reaches the target is reported as "not reached".
 """
 
 from __future__ import annotations
@@ -20,11 +24,16 @@ from typing import Any
 
 from hpctrain.config import JobConfig, SyncConfig, local_period
 from hpctrain.errors import ConfigError
+from hpctrain.experiments.report import build_report, write_report
+from hpctrain.experiments.rundirs import read_run
 from hpctrain.runtime.world import Topology
 from hpctrain.sync.models import parse_models
 from hpctrain.train.job import run_training
 
-__all__ = ["straggler_overrides", "sync_variants", "compare_sync"]
+__all__ = ["straggler_overrides", "sync_variants", "compare_sync", "format_comparison"]
+
+EVALUATIONS = 20
+"""Held-out evaluations per run when the job sets no ``train.eval_every``."""
 
 log = logging.getLogger(__name__)
 
@@ -65,24 +74,49 @@ def sync_variants(models_text: str, sync: SyncConfig) -> list[tuple[str, SyncCon
 
 
 def compare_sync(config: JobConfig, topo: Topology, models_text: str, out: str,
-                 target_loss: float | None) -> dict[str, Any] | None:
-    """Train ``config`` once per model; world rank 0 returns (and writes) the comparison."""
+                 target_loss: float | None, repeats: int = 3) -> dict[str, Any] | None:
+    """Train ``config`` ``repeats`` times per model; world rank 0 returns (and writes) the
+    report (``repeats`` > 1) or the single-run comparison."""
+    if repeats < 1:
+        raise ConfigError(f"--repeats {repeats}: expected at least 1")
+    variants = sync_variants(models_text, config.sync)
     out_dir = Path(out)
     runs = []
-    for label, sync in sync_variants(models_text, config.sync):
-        tc = dataclasses.replace(config.train, run_dir=str(out_dir / label.replace(":", "")),
-                                 progress=False)
-        run_config = dataclasses.replace(config, train=tc, sync=sync)
-        log.info("compare-sync: training under %s", label)
-        summary = run_training(run_config, topo)
-        if topo.rank == 0:
-            runs.append((label, summary))
+    every = config.train.eval_every or max(1, _steps(config) // EVALUATIONS)
+    for repeat in range(repeats):
+        for label, sync in variants:
+            name = label.replace(":", "") + (f"-r{repeat}" if repeats > 1 else "")
+            tc = dataclasses.replace(config.train, run_dir=str(out_dir / name), progress=False,
+                                     seed=config.train.seed + repeat,
+                                     eval_every=every if repeats > 1 else
+                                     config.train.eval_every)
+            sc = dataclasses.replace(sync, straggler_seed=config.sync.straggler_seed + repeat)
+            log.info("compare-sync: repeat %d of %d under %s", repeat + 1, repeats, label)
+            summary = run_training(dataclasses.replace(config, train=tc, sync=sc), topo)
+            if topo.rank == 0:
+                runs.append((label, summary))
     if topo.rank != 0:
         return None
+    if repeats > 1:
+        report = build_report([read_run(Path(s.run_dir)) for _, s in runs],
+                              target=target_loss)
+        write_report(report, out_dir)
+        return report
     result = _tabulate(runs, out_dir, target_loss)
     (out_dir / "summary.json").write_text(json.dumps(result, indent=1) + "\n")
     _plot(result, out_dir / "loss.png")
     return result
+
+
+def _steps(config: JobConfig) -> int:
+    """Optimizer steps of the job (one pass over a synthetic split when train.steps is 0)."""
+    tc = config.train
+    if tc.steps:
+        return tc.steps
+    if config.data.source == "synthetic":
+        return max(1, config.data.train_samples // (tc.batch_size * tc.accumulate))
+    raise ConfigError("compare-sync --repeats > 1 needs train.eval_every or train.steps for a "
+                      "non-synthetic job (its held-out curve times the target)")
 
 
 def _records(run_dir: str) -> list[dict[str, Any]]:

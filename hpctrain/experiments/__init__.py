@@ -1,0 +1,1 @@
+"""Experiments as files: sweeps become job arrays, reports read run directories only."""

@@ -1,0 +1,106 @@
+"""``hpctrain sweep``: bad sweep files, the Slurm array script under a stand-in ``srun``,
+the local runner (skip finished, clear a partial curve) and ``hpctrain report`` over it."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from harness import ROOT, child_env, mpiexec
+
+from hpctrain.cli import main
+from hpctrain.config import load_config
+
+TINY = """
+[sweep]
+repeats = 2
+ranks = 1
+
+[set]
+"data.train_samples" = 3000
+"data.eval_samples" = 400
+"data.table_sizes" = [100, 1000, 30]
+"train.batch_size" = 100
+"train.log_every" = 5
+"train.eval_every" = 6
+"train.eval_subset" = 200
+
+[grid]
+"train.lr" = [0.05, 0.1]
+"""
+
+
+@pytest.mark.parametrize("body, where, words", [
+    ('[grid]\n"sync.modle" = ["bsp"]\n', ":2: sync.modle", "unknown key 'sync.modle'"),
+    ('[grid]\n"sync.model" = ["bsp", "fast"]\n', ":2: sync.model", "unknown sync model"),
+    ('[set]\n"train.lr" = -1\n[grid]\n"sync.model" = ["bsp"]\n', ":2: train.lr", ">= 0.0"),
+    ('[grid]\n"sync.model" = []\n', ":2: sync.model", "non-empty list"),
+    ('[sweep]\nranks = 3\n[grid]\n"ps.servers" = [3]\n', ":4: ps.servers", "leaves no worker"),
+    ('[sweep]\nrepeats = 3\n', ": points", "nothing to sweep"),
+])
+def test_a_bad_sweep_file_is_one_line_naming_file_line_and_key(tmp_path, capsys, body, where,
+                                                               words):
+    path = tmp_path / "s.toml"
+    path.write_text(body)
+    assert main(["sweep", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{path}{where}" in err[0] and words in err[0], err
+
+
+def test_shipped_sweep_expands_to_interleaved_seeded_runs(tmp_path):
+    main(["sweep", str(ROOT / "jobs" / "sweeps" / "sync_stragglers.toml"), "--out",
+          str(tmp_path)])
+    tasks = json.loads((tmp_path / "sweep.json").read_text())["tasks"]
+    assert len(tasks) == 18 and [t["point"] for t in tasks[:7]] == [0, 1, 2, 3, 4, 5, 0]
+    last = load_config(tasks[-1]["job"])
+    assert (last.sync.model, last.sync.straggle_probability, last.train.seed) == ("asp", 0.1, 2)
+    assert "#SBATCH --array=0-17" in (tmp_path / "slurm-3.sbatch").read_text()
+    assert "#PBS -J 0-17" in (tmp_path / "pbs-3.pbs").read_text()
+
+
+def test_slurm_array_task_runs_its_point_then_run_and_report_finish_the_sweep(tmp_path):
+    sweep_file = tmp_path / "tiny.toml"
+    sweep_file.write_text(TINY)
+    out = tmp_path / "sweep"
+    assert main(["sweep", str(sweep_file), "--out", str(out)]) == 0
+    tasks = json.loads((out / "sweep.json").read_text())["tasks"]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    srun = bin_dir / "srun"
+    srun.write_text(f"#!/bin/sh\necho srun-stand-in \"$@\"\nexec {mpiexec()} \"$@\"\n")
+    srun.chmod(0o755)
+    env = dict(child_env(), PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+               SLURM_ARRAY_TASK_ID="1")
+    result = subprocess.run(["bash", str(out / "slurm-1.sbatch")], env=env, cwd=ROOT,
+                            capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "srun-stand-in -n 1" in result.stdout
+    ran = out / "runs" / tasks[1]["name"]
+    assert load_config(ran / "config.toml").train.lr == tasks[1]["values"]["train.lr"] == 0.1
+    assert (ran / "summary.json").exists() and not (out / "runs" / tasks[0]["name"]).exists()
+    meta = json.loads((ran / "meta.json").read_text())
+    assert meta["job"]["SLURM_ARRAY_TASK_ID"] == "1" and meta["world"]["ranks"] == 1
+    assert any("heldout_log_loss" in json.loads(line)
+               for line in (ran / "metrics.jsonl").read_text().splitlines())
+
+    partial = out / "runs" / tasks[2]["name"]  # an interrupted run without a checkpoint
+    partial.mkdir(parents=True)
+    (partial / "metrics.jsonl").write_text('{"step": 999, "time_s": 1.0}\n')
+    local = subprocess.run([sys.executable, "-m", "hpctrain.cli", "sweep", "--run", str(out)],
+                           env=child_env(), cwd=ROOT, capture_output=True, text=True,
+                           timeout=400)
+    assert local.returncode == 0, local.stdout + local.stderr
+    assert f"{tasks[1]['name']} (train.lr=0.1, world.ranks=1): finished already" in \
+        local.stdout
+    assert local.stdout.count(": trained") == 3
+    assert '"step": 999' not in (partial / "metrics.jsonl").read_text()
+
+    report = subprocess.run([sys.executable, "-m", "hpctrain.cli", "report", str(out / "runs"),
+                             "--out", str(out)], env=child_env(), cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert report.returncode == 0, report.stdout + report.stderr
+    assert "train.lr=0.1" in report.stdout and "fewer than 3" in report.stdout
+    summary = json.loads((out / "report.json").read_text())
+    assert [g["n"] for g in summary["groups"]] == [2, 2]
+    assert (out / "curves.png").exists() and (out / "report.md").exists()
