@@ -23,6 +23,7 @@ from hpctrain.comm.shm import Resident, Window
 from hpctrain.comm.types import CostParams, Layout
 from hpctrain.config import CommConfig
 from hpctrain.errors import CommError
+from hpctrain.runtime.waiting import watching
 
 __all__ = ["Group"]
 
@@ -37,6 +38,8 @@ class Group:
                  params: CostParams | None = None) -> None:
         self.config = config or CommConfig()
         self.comm = comm.Dup()
+        name = f"{comm.Get_name() or 'hpctrain'}.coll"
+        self.comm.Set_name(name)  # the watchdog names and numbers its waits by it
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self._physical = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         node_size = self.config.node_size
@@ -44,8 +47,11 @@ class Group:
             else self._physical
         local_rank, local_size = self.node.Get_rank(), self.node.Get_size()
         self.cross = self.comm.Split(local_rank, key=self.rank)
-        sizes = self.comm.allgather(local_size if local_rank == 0 else 0)
-        cores = set().union(*self._physical.allgather(os.sched_getaffinity(0)))
+        self.node.Set_name(f"{name}.node")
+        self.cross.Set_name(f"{name}.cross")
+        with watching("allgather", self.comm):
+            sizes = self.comm.allgather(local_size if local_rank == 0 else 0)
+            cores = set().union(*self._physical.allgather(os.sched_getaffinity(0)))
         self.layout = Layout(
             size=self.size, rank=self.rank, local_size=local_size, local_rank=local_rank,
             nodes=sum(1 for s in sizes if s), uniform=len({s for s in sizes if s}) == 1,
@@ -72,7 +78,8 @@ class Group:
                 result = ("", (asdict(params), params.source))
             except CommError as exc:
                 result = (str(exc), None)
-        error, data = self.comm.bcast(result, root=0)
+        with watching("bcast", self.comm):
+            error, data = self.comm.bcast(result, root=0)
         if error:
             raise CommError(f"comm.calibration: {error}")
         return CostParams.from_dict(data[0], data[1])

@@ -212,6 +212,8 @@ def build_grid(comm: MPI.Intracomm, grid: Grid,
                 if position in group:
                     torch_groups[axis] = (pg, ranks)
         comms[axis] = comm.Split(color, key)
+        if comms[axis] != MPI.COMM_NULL:
+            comms[axis].Set_name(f"hpctrain.{axis}")  # the watchdog names waits by it
     if position is None:
         return None
     return GridComms(grid, position, comms, torch_groups if torch_world else None, local)

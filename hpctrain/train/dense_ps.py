@@ -18,7 +18,7 @@ from mpi4py import MPI
 
 from embeddings.tables import TableLayout
 from embeddings.types import TableSpec
-from hpctrain.runtime.waits import wait_all
+from hpctrain.runtime.waits import Wait, wait_all
 from ps.client import PSClient
 
 __all__ = ["DenseOnServers", "with_dense_table"]
@@ -48,7 +48,7 @@ class DenseOnServers:
         if comm.Get_rank() == 0:
             flat = torch.cat([p.detach().reshape(-1).cpu() for p in self.params]).numpy()
             self.client.write(self.rows, self._as_rows(flat))
-        wait_all([comm.Ibarrier()])
+        wait_all([comm.Ibarrier()], Wait("barrier", comm))
 
     def pull(self) -> None:
         """Copy the servers' current dense values into the model."""

@@ -58,7 +58,9 @@ from hpctrain.models.dlrm import DLRM
 from hpctrain.parallel.data import DataParallel
 from hpctrain.runtime.abort import agree
 from hpctrain.runtime.env import peak_rss_bytes
+from hpctrain.runtime.preempt import Preemption
 from hpctrain.runtime.topology import shard_range
+from hpctrain.runtime.waits import Wait
 from hpctrain.runtime.world import Topology
 from hpctrain.sync.models import table_models
 from hpctrain.sync.stragglers import Stragglers
@@ -69,7 +71,7 @@ from hpctrain.train.dense_ps import DenseOnServers, with_dense_table
 from hpctrain.train.model_parallel import ModelParallelDLRM, wants_model_parallel
 from hpctrain.train.nonfinite import NonFiniteGuard, finite_samples
 from hpctrain.train.optim import DenseOptimizer
-from hpctrain.train.rundir import RunDir, default_run_dir
+from hpctrain.train.rundir import RunDir, claim, default_run_dir
 from ps.service import PSJob
 
 __all__ = ["Trainer", "Summary", "run_training"]
@@ -100,6 +102,8 @@ class Summary:
     step_times: list[dict[str, float]] = field(default_factory=list)
     """Per worker: mean, p50, p99 and max step seconds, and straggler sleep."""
     tiering: list[dict[str, object]] = field(default_factory=list)
+    stopped_at: int = 0
+    """The step after which SIGTERM/SIGUSR1 stopped the run (0: it ran to the end)."""
 
     @property
     def step_s(self) -> float:
@@ -154,6 +158,7 @@ def run_training(config: JobConfig, topo: Topology,
     while the servers still serve (to read back or save the final state). With ``resume``,
     training continues from the newest complete checkpoint in ``train.run_dir``."""
     run_dir = topo.world.bcast(config.train.run_dir or default_run_dir(), root=0)
+    agree(topo.world, lambda: claim(run_dir, resume) if topo.rank == 0 else None)
     config = dataclasses.replace(config, train=dataclasses.replace(config.train,
                                                                    run_dir=run_dir))
     dataset = agree(topo.world, lambda: open_dataset(config.data) if topo.is_worker else None)
@@ -180,13 +185,15 @@ def run_training(config: JobConfig, topo: Topology,
             on_trained(trainer)
         trainer.close()
     else:
+        Preemption()  # a server outlives SIGTERM until the workers' checkpoint is written
         optimizer = SparseOptimizer(config.train.optimizer)
         restore, on_save = checkpointing.server_hooks(
             topo.world, run_dir, config.checkpoint.keep, job.layout, job.placement,
             topo.rank - topo.workers, manifest)
         server_stats = job.serve(optimizer, config.train.seed, models,
                                  config.sync.deterministic, restore, on_save).as_dict()
-    gathered = topo.world.gather(server_stats, root=0)
+    with Wait("gather", topo.world):
+        gathered = topo.world.gather(server_stats, root=0)
     if job:
         job.comm.Free()
     if topo.rank == 0:
@@ -226,6 +233,7 @@ class Trainer:
         if self.run and job:
             self.run.write_text("plan.json", job.plan.to_json())
         self.phase_s: dict[str, float] = defaultdict(float)
+        self.preemption = Preemption()  # SIGTERM/SIGUSR1: stop at an agreed step, resumable
         sc = config.sync
         self.stragglers = Stragglers(self.comm.Get_rank(), sc.slow_workers, sc.slow_factor,
                                      sc.straggle_probability, sc.straggle_factor,
@@ -548,14 +556,21 @@ class Trainer:
                 window_loss, window_n = 0.0, 0
             if tc.eval_every and done % tc.eval_every == 0 and done != self.steps:
                 self._log_eval(done)
-            if self.cadence.due(done, final=done == self.steps):
+            saved = self.cadence.due(done, final=done == self.steps)
+            if saved:
                 self.save_checkpoint(done)
+            if done < self.steps and self.preemption.stop_now(self.comm):
+                if not saved:
+                    self.save_checkpoint(done)
+                summary.stopped_at = done
+                break
         bar.close()
-        summary.steps = self.steps
+        summary.steps = summary.stopped_at or self.steps
         summary.wall_s = time.perf_counter() - start
         summary.phase_s = {k: self.phase_s[k] for k in PHASES}
-        summary.eval = self._log_eval(self.steps)
-        facts = self.comm.gather(self._rank_facts(), root=0)
+        summary.eval = self._log_eval(summary.steps)
+        with Wait("gather", self.comm):
+            facts = self.comm.gather(self._rank_facts(), root=0)
         if facts:
             summary.peak_rss_mb = [f["peak_rss_mb"] for f in facts]
             summary.skipped_lines = sum(f["skipped"] for f in facts)
