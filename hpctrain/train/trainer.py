@@ -68,6 +68,7 @@ from hpctrain.sync.types import SyncModel
 from hpctrain.train import checkpoint as ckpt
 from hpctrain.train import checkpointing, metrics
 from hpctrain.train.dense_ps import DenseOnServers, with_dense_table
+from hpctrain.train.inputs import agree_on_inputs
 from hpctrain.train.model_parallel import ModelParallelDLRM, wants_model_parallel
 from hpctrain.train.nonfinite import NonFiniteGuard, finite_samples
 from hpctrain.train.optim import DenseOptimizer
@@ -162,6 +163,7 @@ def run_training(config: JobConfig, topo: Topology,
     config = dataclasses.replace(config, train=dataclasses.replace(config.train,
                                                                    run_dir=run_dir))
     dataset = agree(topo.world, lambda: open_dataset(config.data) if topo.is_worker else None)
+    agree_on_inputs(topo.world, config, dataset)
     sizes = topo.world.bcast(dataset.table_sizes if topo.rank == 0 else None, root=0)
     layout = TableLayout.from_sizes(sizes, config.model.embedding_dim)
     job, models = None, None

@@ -204,3 +204,23 @@ def test_bad_input_ends_real_launches_with_one_line_and_exit_2(tmp_path):
     assert code == 2 and ours == [
         "hpctrain: error: [rank 1] step 1: non-finite dense features: train sample 70, I4 = "
         "nan; set train.on_nonfinite = \"skip\" to skip such steps"], out
+
+
+def test_ranks_that_see_different_configs_stop_before_training(tmp_path):
+    """One rank launched with another environment: one line naming the key and the ranks."""
+    import subprocess
+
+    from harness import child_env, mpiexec
+
+    train = [*HPCTRAIN, "train", *[a for kv in SMALL for a in ("--set", kv)],
+             "--set", f"train.run_dir={str(tmp_path / 'run')!r}"]
+    result = subprocess.run([mpiexec(), "-n", "1", *train, ":", "-n", "1", "-env",
+                             "HPCTRAIN_TRAIN__SEED", "7", *train], env=child_env(),
+                            capture_output=True, text=True, timeout=180)
+    lines = [line for line in (result.stdout + result.stderr).splitlines()
+             if line.startswith("hpctrain")]
+    assert result.returncode == 2, result.stdout + result.stderr
+    seed = load_config().train.seed
+    assert lines == [f"hpctrain: error: ranks disagree on config key train.seed: {seed} on "
+                     f"rank 0; 7 on rank 1 (same launch, environment and files on every "
+                     f"rank?)"], lines
