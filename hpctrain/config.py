@@ -269,6 +269,7 @@ class JobConfig:
     """Where the job came from (file path or ``embedded default``), for messages."""
 
     def __post_init__(self) -> None:
+        _check_inputs(self)
         m = self.model
         if m.bottom_mlp[-1] != m.embedding_dim:
             raise ConfigError(f"model.bottom_mlp: the last width must equal "
@@ -314,6 +315,28 @@ class JobConfig:
         if self.data.source != "synthetic" and not self.data.paths:
             raise ConfigError(f"data.paths: data.source = {self.data.source!r} needs at least "
                               f"one input file")
+
+
+def _check_inputs(job: JobConfig) -> None:
+    """Inputs that would crash later (an empty list) or train on the wrong data."""
+    m, d = job.model, job.data
+    for key, widths in (("bottom_mlp", m.bottom_mlp), ("top_mlp", m.top_mlp)):
+        if not widths:
+            raise ConfigError(f"model.{key} = []: needs at least one layer width")
+    if not d.table_sizes:
+        raise ConfigError("data.table_sizes = []: needs at least one table (one per "
+                          "categorical feature)")
+    if d.source != "synthetic" and not d.eval_paths and d.eval_fraction == 0:
+        raise ConfigError("data.eval_fraction = 0 with no data.eval_paths leaves no held-out "
+                          "samples to evaluate; hold some out or name eval files")
+    seen: dict[str, str] = {}
+    for key in ("paths", "eval_paths"):
+        for i, path in enumerate(getattr(d, key)):
+            real = os.path.realpath(path)
+            if real in seen:
+                raise ConfigError(f"data.{key}[{i}] = {path!r} is also {seen[real]}: a file "
+                                  f"read twice, or in both training and held-out data")
+            seen[real] = f"data.{key}[{i}]"
 
 
 def staleness_bound(model: str, where: str = "sync.model") -> int | None:

@@ -93,7 +93,15 @@ def shape_of(config: JobConfig, layout: TableLayout) -> dict[str, str]:
     return {"table_sizes": json.dumps([int(n) for n in layout.sizes]),
             "model.embedding_dim": str(m.embedding_dim), "model.bottom_mlp": str(m.bottom_mlp),
             "model.top_mlp": str(m.top_mlp), "train.optimizer": config.train.optimizer,
-            "ps.mode": config.ps.mode if config.ps.servers else "replicated"}
+            "ps.mode": config.ps.mode if config.ps.servers else "replicated",
+            # the data position is the step: these must not change under a resume
+            "train.batch_size": str(config.train.batch_size),
+            "train.accumulate": str(config.train.accumulate),
+            **{f"data.{key}": json.dumps(getattr(config.data, key)) for key in _DATA_KEYS}}
+
+
+_DATA_KEYS = ("source", "paths", "eval_paths", "eval_fraction", "train_samples",
+              "eval_samples", "seed", "zipf")
 
 
 def check_compatible(manifest: ckpt.Manifest, config: JobConfig, layout: TableLayout) -> None:
