@@ -31,6 +31,18 @@ _MIN_ARENA = 1 << 16
 _SPIN = 200  # flag polls (under a microsecond each) before a waiting rank yields its core
 
 
+def emulated_node_error(real_nodes: list[int], node_size: int) -> str | None:
+    """Why blocks of ``node_size`` consecutive ranks, ``real_nodes[r]`` naming rank ``r``'s
+    real node, cannot be emulated nodes (one spans real nodes), or ``None``."""
+    for start in range(0, len(real_nodes), node_size):
+        block = real_nodes[start: start + node_size]
+        if len(set(block)) > 1:
+            return (f"comm.node_size = {node_size}: ranks {start}-{start + len(block) - 1} "
+                    f"would form one node but share no memory (they sit on "
+                    f"{len(set(block))} real nodes); use at most the ranks of one real node")
+    return None
+
+
 class Group:
     """The ranks of ``comm``, their node layout and the collectives' state."""
 
@@ -43,6 +55,8 @@ class Group:
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self._physical = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         node_size = self.config.node_size
+        if node_size:
+            self._check_emulated_nodes(node_size)
         self.node = self.comm.Split(self.rank // node_size, key=self.rank) if node_size \
             else self._physical
         local_rank, local_size = self.node.Get_rank(), self.node.Get_size()
@@ -64,6 +78,17 @@ class Group:
         self._residents: list[Resident] = []
         self._scratch = np.empty(0, np.uint8)
         self._torch: dict[str, Any] = {}
+
+    def _check_emulated_nodes(self, node_size: int) -> None:
+        """Emulated nodes must lie inside real ones: a shared window over ranks that share
+        no memory is undefined (``MPI_Allgather`` over ``comm`` of each rank's real node,
+        so every rank raises the same error)."""
+        with watching("allgather", self.comm):
+            leader = self._physical.bcast(self.rank, root=0)
+            leaders = self.comm.allgather(leader)
+        error = emulated_node_error(leaders, node_size)
+        if error:
+            raise CommError(error)
 
     def _read_params(self) -> CostParams:
         """Rank 0 reads the calibration file and broadcasts it (``MPI_Bcast``), so a file

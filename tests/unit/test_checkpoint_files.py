@@ -152,3 +152,15 @@ def test_a_commit_fails_when_rank_0_cannot_see_a_file(tmp_path):
                                               r"system every node shares"):
         checkpointing.commit(MPI.COMM_SELF, ckpt.step_dir(tmp_path, 4), [absent], manifest, 1)
     assert not ckpt.step_dir(tmp_path, 4).exists()
+
+
+def test_resume_refuses_what_would_shift_the_data_position(tmp_path):
+    folder, _ = make(tmp_path, step=3)
+    manifest = ckpt.read_manifest(folder)
+    layout = TableLayout.from_sizes([100], 4)
+    for override, words in (("train.batch_size=64", "train.batch_size = 512; this job has 64"),
+                            ("train.accumulate=2", "train.accumulate = 1; this job has 2"),
+                            ("data.train_samples=10", "data.train_samples = 400000; this job "
+                                                      "has 10")):
+        with pytest.raises(CheckpointError, match=words):
+            checkpointing.check_compatible(manifest, load_config(overrides=[override]), layout)
