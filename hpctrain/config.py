@@ -125,7 +125,7 @@ class TrainConfig:
     eval_batch_size: int = option(2048, "global batch of the evaluation pass", min=1)
     log_every: int = option(50, "steps between metrics.jsonl records", min=1)
     run_dir: str = option("", "run directory for config.toml and metrics.jsonl; empty makes "
-                              "runs/<date-time>")
+                              "runs/<date-time>[-<job id>[_<array index>]]-<random>")
     seed: int = option(0, "seed of the model initialisation", min=0)
     progress: bool = option(True, "tqdm progress bar on rank 0")
     on_nonfinite: str = option("stop", "a step with a NaN or Inf in its dense features, loss or "
@@ -178,7 +178,8 @@ class CheckpointConfig:
                                     "checkpoint at the Young-Daly interval sqrt(2 x measured "
                                     "write time x MTBF) (0: off)", min=0.0)
     at_end: bool = option(False, "also checkpoint when training ends")
-    keep: int = option(2, "complete checkpoints kept (older ones are deleted)", min=1)
+    keep: int = option(2, "verified checkpoints kept (only older ones and incomplete "
+                          "leftovers are deleted)", min=1)
 
 
 @dataclass(frozen=True)
