@@ -20,10 +20,12 @@ from mpi4py import MPI
 
 from hpctrain.config import JobConfig
 from hpctrain.data import Dataset
+from hpctrain.errors import ConfigError
 from hpctrain.runtime.abort import AgreedError
 from hpctrain.runtime.waits import Wait
 
-__all__ = ["rank_view", "disagreement", "agree_on_inputs"]
+__all__ = ["rank_view", "disagreement", "agree_on_inputs", "table_bytes", "check_memory",
+           "available_memory"]
 
 
 def rank_view(config: JobConfig, dataset: Dataset | None) -> dict[str, str]:
@@ -76,6 +78,40 @@ def agree_on_inputs(world: MPI.Intracomm, config: JobConfig, dataset: Dataset | 
         message = disagreement(world.allgather(view))
     if message:
         raise AgreedError(message, world)
+
+
+def table_bytes(config: JobConfig, sizes: Sequence[int]) -> int:
+    """Bytes of embedding rows (float32 weights and the row-wise optimizer's one float32
+    per row, the most the sparse optimizers keep) one holder keeps: every worker when
+    tables are replicated, one server's share otherwise."""
+    total = sum(int(n) for n in sizes) * (config.model.embedding_dim + 1) * 4
+    return total // max(1, config.ps.servers)
+
+
+def check_memory(config: JobConfig, sizes: Sequence[int], ranks_on_node: int,
+                 available: int) -> None:
+    """Refuse, before allocating, tables that cannot fit the node's available memory
+    shared by its ``ranks_on_node`` holders (an OOM kill later ends the job without a
+    message)."""
+    need = table_bytes(config, sizes) * ranks_on_node
+    if need > available:
+        raise ConfigError(f"data.table_sizes: {len(sizes)} tables of {sum(sizes):,} rows x "
+                          f"model.embedding_dim = {config.model.embedding_dim} need "
+                          f"{need / 2**30:.1f} GiB on this node ({ranks_on_node} holding ranks), "
+                          f"{available / 2**30:.1f} GiB available; add parameter servers "
+                          f"(ps.servers) or shrink the tables")
+
+
+def available_memory() -> int:
+    """``MemAvailable`` of this node in bytes (the physical memory when not reported)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def _ranks(ranks: list[int]) -> str:

@@ -68,7 +68,7 @@ from hpctrain.sync.types import SyncModel
 from hpctrain.train import checkpoint as ckpt
 from hpctrain.train import checkpointing, metrics
 from hpctrain.train.dense_ps import DenseOnServers, with_dense_table
-from hpctrain.train.inputs import agree_on_inputs
+from hpctrain.train.inputs import agree_on_inputs, available_memory, check_memory
 from hpctrain.train.model_parallel import ModelParallelDLRM, wants_model_parallel
 from hpctrain.train.nonfinite import NonFiniteGuard, finite_samples
 from hpctrain.train.optim import DenseOptimizer
@@ -166,6 +166,8 @@ def run_training(config: JobConfig, topo: Topology,
     agree_on_inputs(topo.world, config, dataset)
     sizes = topo.world.bcast(dataset.table_sizes if topo.rank == 0 else None, root=0)
     layout = TableLayout.from_sizes(sizes, config.model.embedding_dim)
+    holders = topo.node.allreduce(int(topo.is_worker != bool(config.ps.servers)))
+    agree(topo.world, lambda: check_memory(config, sizes, holders, available_memory()))
     job, models = None, None
     if config.ps.servers:
         served = layout

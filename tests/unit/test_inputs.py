@@ -21,3 +21,20 @@ def test_a_file_seen_differently_is_named_and_servers_are_left_out():
     assert disagreement([worker, grown, server]) == (
         "ranks disagree on data file day_0.txt: 100 bytes on rank 0; 180 bytes on rank 1 "
         "(same launch, environment and files on every rank?)")
+
+
+def test_tables_that_cannot_fit_the_node_are_refused_before_allocation():
+    import pytest
+
+    from hpctrain.errors import ConfigError
+    from hpctrain.train.inputs import check_memory, table_bytes
+
+    config = load_config(overrides=["data.table_sizes=[1000000000, 1000000000]"])
+    assert table_bytes(config, config.data.table_sizes) == 2 * 10**9 * 17 * 4
+    with pytest.raises(ConfigError, match=r"data.table_sizes: 2 tables of 2,000,000,000 rows "
+                                          r"x model.embedding_dim = 16 need 253.3 GiB on this "
+                                          r"node \(2 holding ranks\), 64.0 GiB available"):
+        check_memory(config, config.data.table_sizes, 2, 64 * 2**30)
+    served = load_config(overrides=["data.table_sizes=[1000000000, 1000000000]",
+                                    "ps.servers=8"])
+    check_memory(served, served.data.table_sizes, 2, 64 * 2**30)  # 31.7 GiB: fits
