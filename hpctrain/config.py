@@ -73,7 +73,8 @@ class RuntimeConfig:
     watchdog_warn_s: float = option(60.0, "a wait (collective, pull, push) this long logs "
                                           "which ranks have not arrived (0: off)", min=0.0)
     watchdog_abort_s: float = option(300.0, "a wait this long aborts the job with that "
-                                            "message (0: off)", min=0.0)
+                                            "message; 4x as long when the missing ranks "
+                                            "are alive and computing (0: off)", min=0.0)
 
 
 @dataclass(frozen=True)

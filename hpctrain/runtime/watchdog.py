@@ -25,7 +25,8 @@ thread is watched like any other, and the decision never depends on a peer:
    heartbeat or does not answer.
 
 Horovod's stall inspector does this for its allreduces; here every wait of the toolkit is
-watched. The board is the one process-wide object of the runtime (like a signal handler).
+watched. The board and its timer are the one process-wide object of the runtime (like a
+signal handler).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from hpctrain.runtime import waiting
 from hpctrain.runtime.abort import abort_job
 from hpctrain.runtime.waiting import FIELDS, HEAD, OPS, SLOT_FIELDS, SLOTS, watching
 
-__all__ = ["Board", "watch", "uninstall", "current"]
+__all__ = ["Board", "watch", "uninstall"]
 
 log = logging.getLogger(__name__)
 
@@ -226,10 +227,6 @@ def uninstall() -> None:
     if _current is not None:
         _current.free()
     _current = _timer = None
-
-
-def current() -> Board | None:
-    return _current
 
 
 def _now_ms() -> int:
