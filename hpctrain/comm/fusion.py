@@ -39,6 +39,7 @@ from hpctrain.comm.collectives import allreduce, as_storage
 from hpctrain.comm.group import Group
 from hpctrain.comm.types import OP_KERNEL
 from hpctrain.errors import CommError
+from hpctrain.runtime.waiting import watching
 
 __all__ = ["FusedGradients", "Bucket"]
 
@@ -119,7 +120,8 @@ class FusedGradients:
         mine = (tuple((str(dtype), str(device), sum(p.numel() for p in ps))
                       for (dtype, device), ps in groups.items()),
                 tuple((b.buffer, b.lo, b.hi) for b in self.buckets))
-        layouts = self.group.comm.allgather(mine)
+        with watching("agree", self.group.comm):
+            layouts = self.group.comm.allgather(mine)
         if any(layout != layouts[0] for layout in layouts):
             raise CommError("FusedGradients: ranks disagree on the gradient layout ((dtype, "
                             "device, elements) per buffer): " + "; ".join(
@@ -184,7 +186,8 @@ class FusedGradients:
             scratch = np.empty(arr.size // self.group.layout.local_size + 1, arr.dtype)
 
             def between(part: np.ndarray) -> None:
-                ring.allreduce(part, cross, OP_KERNEL["sum"], kind, scratch)
+                with watching("allreduce", cross):  # may run in a gradient hook
+                    ring.allreduce(part, cross, OP_KERNEL["sum"], kind, scratch)
         return window.ResidentAllreduce(arr, resident, index + 1, OP_KERNEL["sum"], dtype.kind,
                                      between)
 
@@ -217,15 +220,16 @@ class FusedGradients:
             self._launch(self.buckets[self._launched])
         resident = [b.handle for b in self.buckets if isinstance(b.handle,
                                                                 window.ResidentAllreduce)]
-        if self._ordered:
-            for op in resident:
-                op.wait()
-        else:
-            window.complete(resident)
-        for b in self.buckets:
-            if isinstance(b.handle, Future):
-                b.handle.result()
-            b.handle = None
+        with watching("allreduce", self.group.comm):
+            if self._ordered:
+                for op in resident:
+                    op.wait()
+            else:
+                window.complete(resident)
+            for b in self.buckets:
+                if isinstance(b.handle, Future):
+                    b.handle.result()
+                b.handle = None
         self._armed = False
         return self.stats.cpu().numpy().astype(np.float64)
 

@@ -149,6 +149,11 @@ class HDF5Dataset(Dataset):
             r, t = np.argwhere(bad)[0]
             raise DataError(f"{self.path}: /{split}/sparse[{start + r}, {t}] = {sparse[r, t]} "
                             f"is outside table {t} ({self.table_sizes[t]} rows)")
+        wrong = (labels != 0) & (labels != 1)
+        if wrong.any():
+            i = int(np.flatnonzero(wrong)[0])
+            raise DataError(f"{self.path}: /{split}/labels[{start + i}] = {labels[i]}; a click "
+                            f"label is 0 or 1")
         return Batch(dense.astype(np.float32, copy=False), sparse,
                      labels.astype(np.float32))
 

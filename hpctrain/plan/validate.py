@@ -4,7 +4,7 @@ and peak memory.
 
 World rank 0 plans (probe included) and broadcasts the plan, as TorchRec's
 ``collective_plan`` does; then every layout trains ``--steps`` steps through
-:func:`hpctrain.train.trainer.run_training`, after one short warm-up run that compiles the
+:func:`hpctrain.train.job.run_training`, after one short warm-up run that compiles the
 kernels. Measured step time is the slowest worker's median step (the trainer's ``p50``:
 warm-up and load spikes fall outside it) and, less sensitive to other load on the machine,
 the busiest rank's CPU time per step (a one-step run's CPU time subtracted from the full
@@ -29,7 +29,7 @@ from hpctrain.errors import ConfigError
 from hpctrain.plan.types import Prediction
 from hpctrain.runtime.env import peak_rss_bytes
 from hpctrain.runtime.world import Topology, build_topology
-from hpctrain.train.trainer import run_training
+from hpctrain.train.job import run_training
 
 __all__ = ["run_validate", "validation_rows", "format_validation"]
 

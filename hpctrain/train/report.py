@@ -58,6 +58,8 @@ class Summary:
     ps_servers: list[ServerStats] = field(default_factory=list)
     step_times: list[StepTimes] = field(default_factory=list)
     tiering: list[TieringStats] = field(default_factory=list)
+    stopped_at: int = 0
+    """The step after which SIGTERM/SIGUSR1 stopped the run (0: it ran to the end)."""
 
     @property
     def step_s(self) -> float:

@@ -36,7 +36,9 @@ from hpctrain.config import JobConfig
 from hpctrain.data import Batch, Dataset, open_dataset
 from hpctrain.data.sharding import batches_per_epoch, local_slice
 from hpctrain.runtime.env import peak_rss_bytes
+from hpctrain.runtime.preempt import Preemption
 from hpctrain.runtime.topology import shard_range
+from hpctrain.runtime.waits import Wait
 from hpctrain.runtime.world import Topology
 from hpctrain.sync.stragglers import Stragglers
 from hpctrain.sync.types import SyncModel
@@ -53,6 +55,7 @@ from ps.service import PSJob
 __all__ = ["Trainer"]
 
 log = logging.getLogger(__name__)
+
 
 class Trainer:
     """Trains the DLRM on this worker; collective over the workers (``topo.role_comm``)."""
@@ -78,6 +81,7 @@ class Trainer:
         if self.run and job:
             self.run.write_text("plan.json", job.plan.to_json())
         self.phase_s: dict[str, float] = defaultdict(float)
+        self.preemption = Preemption()  # SIGTERM/SIGUSR1: stop at an agreed step, resumable
         sc = config.sync
         self.stragglers = Stragglers(self.comm.Get_rank(), sc.slow_workers, sc.slow_factor,
                                      sc.straggle_probability, sc.straggle_factor,
@@ -323,14 +327,21 @@ class Trainer:
                 window_loss, window_n = 0.0, 0
             if tc.eval_every and done % tc.eval_every == 0 and done != self.steps:
                 self._log_eval(done)
-            if self.cadence.due(done, final=done == self.steps):
+            saved = self.cadence.due(done, final=done == self.steps)
+            if saved:
                 self.save_checkpoint(done)
+            if done < self.steps and self.preemption.stop_now(self.comm):
+                if not saved:
+                    self.save_checkpoint(done)
+                summary.stopped_at = done
+                break
         bar.close()
-        summary.steps = self.steps
+        summary.steps = summary.stopped_at or self.steps
         summary.wall_s = time.perf_counter() - start
         summary.phase_s = {k: self.phase_s[k] for k in PHASES}
-        summary.eval = self._log_eval(self.steps)
-        facts = self.comm.gather(self._rank_facts(), root=0)
+        summary.eval = self._log_eval(summary.steps)
+        with Wait("gather", self.comm):
+            facts = self.comm.gather(self._rank_facts(), root=0)
         if facts:
             summary.peak_rss_mb = [f.peak_rss_mb for f in facts]
             summary.skipped_lines = sum(f.skipped_lines for f in facts)

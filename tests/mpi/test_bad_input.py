@@ -170,15 +170,17 @@ def test_bad_input_ends_real_launches_with_one_line_and_exit_2(tmp_path):
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"\n".join(lines) + b"\n")
     criteo = ["--set", "data.source='criteo'", "--set", "data.eval_fraction=0",
-              "--set", "train.batch_size=20", "--set", f"train.run_dir={str(tmp_path / 'r')!r}"]
-    code, ours, out = train([*criteo, "--set", f"data.paths=[{str(bad)!r}]"], ranks=2)
+              "--set", f"data.eval_paths=[{str(SAMPLE)!r}]", "--set", "train.batch_size=20"]
+    code, ours, out = train([*criteo, "--set", f"data.paths=[{str(bad)!r}]", "--set",
+                             f"train.run_dir={str(tmp_path / 'r1')!r}"], ranks=2)
     assert code == 2 and ours == [f"hpctrain: error: [rank 1] {bad}:31: label: expected 0 or "
                                   f"1, got '7'"], out
 
     # Found by every rank when opening the data: agreed, printed once, no abort.
     empty = tmp_path / "empty.txt"
     empty.write_bytes(b"")
-    code, _, out = train([*criteo, "--set", f"data.paths=[{str(empty)!r}]"], ranks=2)
+    code, _, out = train([*criteo, "--set", f"data.paths=[{str(empty)!r}]", "--set",
+                          f"train.run_dir={str(tmp_path / 'r2')!r}"], ranks=2)
     assert code == 2 and out.strip() == f"hpctrain: error: [ranks 0-1] {empty}: empty file"
 
     # A NaN feature read by worker 1 (samples 60-79 of step 1) beside a parameter server.
@@ -188,7 +190,27 @@ def test_bad_input_ends_real_launches_with_one_line_and_exit_2(tmp_path):
         f["train/dense"][70, 3] = np.nan
     code, ours, out = train(["--set", "data.source='hdf5'", "--set", f"data.paths=[{str(h5)!r}]",
                              "--set", "train.batch_size=40", "--set", "ps.servers=1",
-                             "--set", f"train.run_dir={str(tmp_path / 'r')!r}"], ranks=3)
+                             "--set", f"train.run_dir={str(tmp_path / 'r3')!r}"], ranks=3)
     assert code == 2 and ours == [
         "hpctrain: error: [rank 1] step 1: non-finite dense features: train sample 70, I4 = "
         "nan; set train.on_nonfinite = \"skip\" to skip such steps"], out
+
+
+def test_ranks_that_see_different_configs_stop_before_training(tmp_path):
+    """One rank launched with another environment: one line naming the key and the ranks."""
+    import subprocess
+
+    from harness import child_env, mpiexec
+
+    train = [*HPCTRAIN, "train", *[a for kv in SMALL for a in ("--set", kv)],
+             "--set", f"train.run_dir={str(tmp_path / 'run')!r}"]
+    result = subprocess.run([mpiexec(), "-n", "1", *train, ":", "-n", "1", "-env",
+                             "HPCTRAIN_TRAIN__SEED", "7", *train], env=child_env(),
+                            capture_output=True, text=True, timeout=180)
+    lines = [line for line in (result.stdout + result.stderr).splitlines()
+             if line.startswith("hpctrain")]
+    assert result.returncode == 2, result.stdout + result.stderr
+    seed = load_config().train.seed
+    assert lines == [f"hpctrain: error: ranks disagree on config key train.seed: {seed} on "
+                     f"rank 0; 7 on rank 1 (same launch, environment and files on every "
+                     f"rank?)"], lines

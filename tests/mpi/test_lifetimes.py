@@ -12,7 +12,7 @@ from hpctrain.comm.window import open_windows
 from hpctrain.config import load_config
 from hpctrain.runtime.world import build_topology
 from hpctrain.train.compare import compare_sync
-from hpctrain.train.trainer import run_training
+from hpctrain.train.job import run_training
 
 WORLD = MPI.COMM_WORLD
 
