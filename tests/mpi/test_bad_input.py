@@ -94,12 +94,14 @@ def skip_then_stop(trainer: Trainer, gate: list[bool], full: bool = False) -> st
 @pytest.mark.mpi(ranks=(4,))
 def test_nonfinite_steps_are_skipped_or_stopped_alike_in_every_mode(tmp_path):
     world = MPI.COMM_WORLD
-    run_dir = f"train.run_dir={str(tmp_path / 'run')!r}"
+    def run_dir(name: str) -> str:  # a run directory holds one run
+        return f"train.run_dir={str(tmp_path / name)!r}"
+
     gate = [False]
 
     # Replicated data parallel, 4 workers of 25 samples: worker 2 reads samples 160 and 360
     # in steps 1 and 3.
-    config = load_config(overrides=[*SMALL, run_dir, "train.batch_size=100"])
+    config = load_config(overrides=[*SMALL, run_dir("replicated"), "train.batch_size=100"])
     data = open_dataset(config.data)
 
     def replicated(trainer: Trainer) -> None:
@@ -117,7 +119,8 @@ def test_nonfinite_steps_are_skipped_or_stopped_alike_in_every_mode(tmp_path):
     # reads sample 130 in step 1 and 310 in step 3.
     # "tiered": hybrid with 300 rows hot, whose gradients a dropped share still joins (as zeros).
     for mode in ("hybrid", "full", "tiered"):
-        config = load_config(overrides=[*SMALL, run_dir, "ps.servers=1", "train.batch_size=90",
+        config = load_config(overrides=[*SMALL, run_dir(mode), "ps.servers=1",
+                                        "train.batch_size=90",
                                         f"ps.mode={'full' if mode == 'full' else 'hybrid'!r}",
                                         f"tiering.budget={300 if mode == 'tiered' else 0}",
                                         "tiering.budget_unit='rows'"])
@@ -136,7 +139,7 @@ def test_nonfinite_steps_are_skipped_or_stopped_alike_in_every_mode(tmp_path):
         TrainingJob(config, topo, dataset=Poisoned(data, {130, 310})).run(with_servers)
 
     # tp = 2 x pp = 2: only world rank 3 (stage 1, tensor shard 1) sees a NaN gradient.
-    config = load_config(overrides=[*SMALL, run_dir, "train.batch_size=64", "parallel.tp=2",
+    config = load_config(overrides=[*SMALL, run_dir("grid"), "train.batch_size=64", "parallel.tp=2",
                                     "parallel.pp=2", "parallel.backend='mpi'",
                                     "parallel.micro_batches=2"])
 
