@@ -81,7 +81,7 @@ def _run(job: str | None, overrides: Sequence[str], world_topo: Topology
     cpu = time.process_time() - cpu
     peak = max(world_topo.world.allgather(_peak()))
     cpus = world_topo.world.allgather(cpu)
-    step = max(t["p50"] for t in summary.step_times) if world_topo.rank == 0 else 0.0
+    step = max(t.p50 for t in summary.step_times) if world_topo.rank == 0 else 0.0
     topo.free()
     return step, peak, max(cpus)
 
