@@ -59,7 +59,7 @@ from hpctrain.comm import Group, allreduce
 from hpctrain.comm.native import allgatherv
 from hpctrain.config import TieringConfig
 from hpctrain.runtime import trace
-from hpctrain.runtime.waits import wait_all
+from hpctrain.runtime.waits import Wait, wait_all
 
 __all__ = ["TieredStore", "TieringStats"]
 
@@ -351,7 +351,7 @@ class TieredStore(EmbeddingStore):
             return
         request, counts, slots, grads, lr = self._summing
         self._summing = None
-        wait_all([request])
+        wait_all([request], Wait("allgather", self.comm))
         total = int(counts.sum())
         self.last_sync = self.step - 1
         if total == 0:
@@ -379,7 +379,8 @@ class TieredStore(EmbeddingStore):
         packed[:, :2] = np.ascontiguousarray(slots, dtype=np.int64).view(np.int32).reshape(-1, 2)
         packed[:, 2:] = np.ascontiguousarray(grads, dtype=np.float32).view(np.int32)
         everyone = np.empty((total, self.dim + 2), dtype=np.int32)
-        wait_all([self.comm.Iallgatherv(packed, [everyone, counts * (self.dim + 2)])])
+        wait_all([self.comm.Iallgatherv(packed, [everyone, counts * (self.dim + 2)])],
+                 Wait("allgather", self.comm))
         self.stats.sparse_syncs += 1
         self.stats.sync_bytes += (total - len(slots)) * (self.dim + 2) * 4
         all_slots = np.ascontiguousarray(everyone[:, :2]).view(np.int64).reshape(-1)
@@ -415,7 +416,7 @@ class TieredStore(EmbeddingStore):
         mine = rows[self.comm.Get_rank():: self.comm.Get_size()]
         if len(mine):
             self.cold.write(mine, self.hot.export(self.hot.locate(mine)[1]))
-        wait_all([self.comm.Ibarrier()])
+        wait_all([self.comm.Ibarrier()], Wait("barrier", self.comm))
 
     def _install(self, plan: Retier, block: np.ndarray) -> None:
         self.hot.replace(plan.hot, plan.promoted, block)

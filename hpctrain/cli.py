@@ -33,6 +33,7 @@ from hpctrain.config import JobConfig, doc_table, dump_toml, load_config
 from hpctrain.errors import ConfigError, HpctrainError
 from hpctrain.runtime.abort import USER_ERROR, run_guarded, world_rank
 from hpctrain.runtime.log import setup_logging
+from hpctrain.runtime.preempt import EXIT_STOPPED, exit_code
 from hpctrain.runtime.world import Topology, build_topology
 
 __all__ = ["main"]
@@ -317,7 +318,11 @@ def _train(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -
     summary = run_training(config, topo, resume=bool(args.resume))
     if topo.rank == 0:
         print_summary(summary, topo.workers)
-    return 0
+        if summary.stopped_at:
+            print(f"hpctrain: stopped by a signal after step {summary.stopped_at} with a "
+                  f"checkpoint; continue with: hpctrain train --resume {summary.run_dir} "
+                  f"(exit code {EXIT_STOPPED})", flush=True)
+    return exit_code(topo.world, bool(summary.stopped_at))
 
 
 def _info(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -> int:

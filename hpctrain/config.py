@@ -75,7 +75,8 @@ class RuntimeConfig:
     watchdog_warn_s: float = option(60.0, "a wait (collective, pull, push) this long logs "
                                           "which ranks have not arrived (0: off)", min=0.0)
     watchdog_abort_s: float = option(300.0, "a wait this long aborts the job with that "
-                                            "message (0: off)", min=0.0)
+                                            "message; 4x as long when the missing ranks "
+                                            "are alive and computing (0: off)", min=0.0)
     trace: str = option("", "write a per-rank timeline of the run (Chrome trace / Perfetto "
                             "JSON, merged by rank 0) to this path; empty: off (see "
                             "`hpctrain trace summarize`)")
@@ -156,7 +157,7 @@ class TrainConfig:
     eval_batch_size: int = option(2048, "global batch of the evaluation pass", min=1)
     log_every: int = option(50, "steps between metrics.jsonl records", min=1)
     run_dir: str = option("", "run directory for config.toml and metrics.jsonl; empty makes "
-                              "runs/<date-time>")
+                              "runs/<date-time>[-<job id>[_<array index>]]-<random>")
     seed: int = option(0, "seed of the model initialisation", min=0)
     progress: bool = option(True, "tqdm progress bar on rank 0")
     on_nonfinite: str = option("stop", "a step with a NaN or Inf in its dense features, loss or "
@@ -264,7 +265,8 @@ class CheckpointConfig:
                                     "checkpoint at the Young-Daly interval sqrt(2 x measured "
                                     "write time x MTBF) (0: off)", min=0.0)
     at_end: bool = option(False, "also checkpoint when training ends")
-    keep: int = option(2, "complete checkpoints kept (older ones are deleted)", min=1)
+    keep: int = option(2, "verified checkpoints kept (only older ones and incomplete "
+                          "leftovers are deleted)", min=1)
 
 
 @dataclass(frozen=True)
@@ -367,6 +369,7 @@ class JobConfig:
     """Where the job came from (file path or ``embedded default``), for messages."""
 
     def __post_init__(self) -> None:
+        _check_inputs(self)
         m = self.model
         if m.bottom_mlp[-1] != m.embedding_dim:
             raise ConfigError(f"model.bottom_mlp: the last width must equal "
@@ -495,6 +498,28 @@ def local_period(dense: str) -> int:
         return int(arg)
     raise ConfigError(f"sync.dense: {dense!r}: expected 'bsp' or 'local:H' with H >= 1 local "
                       f"steps between parameter averages, as in 'local:4'")
+
+
+def _check_inputs(job: JobConfig) -> None:
+    """Inputs that would crash later (an empty list) or train on the wrong data."""
+    m, d = job.model, job.data
+    for key, widths in (("bottom_mlp", m.bottom_mlp), ("top_mlp", m.top_mlp)):
+        if not widths:
+            raise ConfigError(f"model.{key} = []: needs at least one layer width")
+    if not d.table_sizes:
+        raise ConfigError("data.table_sizes = []: needs at least one table (one per "
+                          "categorical feature)")
+    if d.source != "synthetic" and not d.eval_paths and d.eval_fraction == 0:
+        raise ConfigError("data.eval_fraction = 0 with no data.eval_paths leaves no held-out "
+                          "samples to evaluate; hold some out or name eval files")
+    seen: dict[str, str] = {}
+    for key in ("paths", "eval_paths"):
+        for i, path in enumerate(getattr(d, key)):
+            real = os.path.realpath(path)
+            if real in seen:
+                raise ConfigError(f"data.{key}[{i}] = {path!r} is also {seen[real]}: a file "
+                                  f"read twice, or in both training and held-out data")
+            seen[real] = f"data.{key}[{i}]"
 
 
 def staleness_bound(model: str, where: str = "sync.model") -> int | None:

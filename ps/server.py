@@ -57,7 +57,7 @@ from mpi4py import MPI
 from embeddings.optim import coalesce
 from hpctrain.errors import EmbeddingError, PSError
 from hpctrain.runtime import trace
-from hpctrain.runtime.waits import Backoff, wait_all
+from hpctrain.runtime.waits import Backoff, Wait, wait_all
 from hpctrain.sync.types import SyncModel
 from ps.store import ShardStore
 from ps.types import TAG_REQUEST, Op, Request, decode_request, encode_error, encode_rows, reply_tag
@@ -127,21 +127,23 @@ class Server:
         """Run until every worker is done; returns the counters."""
         status = MPI.Status()
         backoff = Backoff()
-        while self.active or self.parked:
-            message = self.comm.Improbe(MPI.ANY_SOURCE, TAG_REQUEST, status)
-            if message is None:
-                self._reap_sends()
-                backoff.idle()
-                continue
-            backoff.reset()
-            buf = np.empty(status.Get_count(MPI.BYTE), dtype=np.uint8)
-            message.Recv(buf)
-            self.stats.bytes_in += buf.nbytes
-            request = decode_request(buf, self.dim)
-            with trace.span(f"serve {request.op.name.lower()}", source=status.Get_source(),
-                            step=request.step):
-                self._handle(status.Get_source(), request)
-        wait_all([r for r, _ in self.sending])
+        # idle: workers may compute for long; the watchdog ends the loop only when one stopped
+        with Wait("serve", self.comm, tuple(self.active), idle=True):
+            while self.active or self.parked:
+                message = self.comm.Improbe(MPI.ANY_SOURCE, TAG_REQUEST, status)
+                if message is None:
+                    self._reap_sends()
+                    backoff.idle()
+                    continue
+                backoff.reset()
+                buf = np.empty(status.Get_count(MPI.BYTE), dtype=np.uint8)
+                message.Recv(buf)
+                self.stats.bytes_in += buf.nbytes
+                request = decode_request(buf, self.dim)
+                with trace.span(f"serve {request.op.name.lower()}",
+                                source=status.Get_source(), step=request.step):
+                    self._handle(status.Get_source(), request)
+        wait_all([r for r, _ in self.sending], Wait("send", self.comm, tuple(self.clock)))
         self.stats.staleness = {t: dict(sorted(c.items())) for t, c in self._seen.items()}
         return self.stats
 

@@ -53,3 +53,30 @@ def run_mpi(args: list[str], ranks: int, timeout: float = DEFAULT_TIMEOUT_S,
         pytest.fail(f"`mpiexec -n {ranks} {' '.join(args)}` timed out after {timeout:.0f} s "
                     f"(deadlock?); its output:\n{out[-6000:]}")
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
+
+
+def rank_pids(launcher: int) -> dict[int, int]:
+    """``{PMI rank: pid}`` of the processes below ``launcher`` (read from ``/proc``)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    ranks, todo = {}, [launcher]
+    while todo:
+        pid = todo.pop()
+        todo += children.get(pid, [])
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+        except OSError:
+            continue
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            python = b"python" in f.read()
+        if b"PMI_RANK" in env and python:
+            ranks[int(env[b"PMI_RANK"])] = pid
+    return ranks

@@ -23,7 +23,7 @@ from embeddings.optim import SparseOptimizer
 from embeddings.tables import TableLayout
 from hpctrain.config import PSConfig
 from hpctrain.data.synthetic import SyntheticClicks
-from hpctrain.runtime.waits import wait_all
+from hpctrain.runtime.waits import Wait, wait_all
 from hpctrain.runtime.world import Topology
 from hpctrain.sync.bsp import BSP
 from ps.service import PSJob
@@ -135,5 +135,5 @@ def _quiet(topo: Topology, work):
     """Run ``work`` on worker 0 while the other workers wait without spinning."""
     comm = topo.role_comm
     result = work() if comm.Get_rank() == 0 else None
-    wait_all([comm.Ibarrier()])
+    wait_all([comm.Ibarrier()], Wait("barrier", comm))
     return comm.bcast(result, root=0)

@@ -37,7 +37,7 @@ from embeddings.freq import FrequencyTracker, oracle_hit_rate
 from embeddings.hotcold import HotSetPlanner, merge_seen, retier_due
 from hpctrain.config import JobConfig, load_config
 from hpctrain.data.synthetic import SyntheticClicks
-from hpctrain.runtime.waits import wait_all
+from hpctrain.runtime.waits import Wait, wait_all
 from hpctrain.runtime.world import Topology
 from hpctrain.train.job import run_training
 
@@ -73,7 +73,8 @@ def run(args: argparse.Namespace, config: JobConfig,
     """Run both measurements on every rank; world rank 0 returns one row per setting."""
     settings = [(z, b) for z in args.zipf for b in args.budgets]
     hits = _hit_rates(args, config, topo) if topo.is_worker else []
-    wait_all([topo.world.Ibarrier()])  # ranks done early wait without spinning
+    # ranks done early wait without spinning
+    wait_all([topo.world.Ibarrier()], Wait("barrier", topo.world))
     gathered = topo.world.gather(hits, root=0)
     training = _training(args, config, topo)
     if topo.rank != 0:

@@ -27,6 +27,7 @@ from hpctrain.comm.algorithm import Algorithm
 from hpctrain.comm.group import Group
 from hpctrain.comm.types import DTYPES, OPS, DType, Request, chunk_bounds
 from hpctrain.errors import CommError
+from hpctrain.runtime.waiting import watching
 
 __all__ = ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "gather",
            "scatter", "allgatherv", "alltoallv", "as_storage", "plan"]
@@ -185,7 +186,8 @@ def _run(primitive: str, buf: Buffer, op: str, root: int, group: Group,
         if len(group.calls) >= _CALL_CACHE:
             group.calls.clear()
         group.calls[(id(buf), primitive, op, root, algorithm)] = entry
-    entry[2](entry[3])
+    with watching(primitive, group.comm):
+        entry[2](entry[3])
     return buf
 
 
@@ -250,7 +252,8 @@ def _agree(group: Group, meta: tuple[Any, ...], error: str | None) -> None:
         if error:
             raise CommError(error)
         return
-    calls = group.comm.allgather((meta, error))
+    with watching("agree", group.comm):
+        calls = group.comm.allgather((meta, error))
     failed = [(r, e) for r, (_, e) in enumerate(calls) if e]
     if failed:
         rank, message = failed[0]

@@ -50,6 +50,7 @@ from hpctrain.comm.types import OP_KERNEL
 from hpctrain.comm.wire import WireAllreduce
 from hpctrain.errors import CommError
 from hpctrain.runtime import trace
+from hpctrain.runtime.waiting import watching
 
 __all__ = ["FusedGradients", "Bucket"]
 
@@ -142,7 +143,8 @@ class FusedGradients:
         mine = (tuple((str(dtype), str(device), sum(p.numel() for p in ps))
                       for (dtype, device), ps in groups.items()),
                 tuple((b.buffer, b.lo, b.hi) for b in self.buckets))
-        layouts = self.group.comm.allgather(mine)
+        with watching("agree", self.group.comm):
+            layouts = self.group.comm.allgather(mine)
         if any(layout != layouts[0] for layout in layouts):
             raise CommError("FusedGradients: ranks disagree on the gradient layout ((dtype, "
                             "device, elements) per buffer): " + "; ".join(
@@ -207,7 +209,8 @@ class FusedGradients:
             scratch = np.empty(arr.size // self.group.layout.local_size + 1, arr.dtype)
 
             def between(part: np.ndarray) -> None:
-                ring.allreduce(part, cross, OP_KERNEL["sum"], kind, scratch)
+                with watching("allreduce", cross):  # may run in a gradient hook
+                    ring.allreduce(part, cross, OP_KERNEL["sum"], kind, scratch)
         return window.ResidentAllreduce(arr, resident, index + 1, OP_KERNEL["sum"], dtype.kind,
                                      between)
 
@@ -271,7 +274,7 @@ class FusedGradients:
             self._launch(self.buckets[self._launched])
         resident = [b.handle for b in self.buckets if isinstance(b.handle,
                                                                 window.ResidentAllreduce)]
-        with trace.span("reduction wait"):
+        with trace.span("reduction wait"), watching("allreduce", self.group.comm):
             if self._ordered:
                 for op in resident:
                     op.wait()

@@ -25,11 +25,24 @@ from hpctrain.comm.window import Resident, Window
 from hpctrain.config import CommConfig
 from hpctrain.errors import CommError
 from hpctrain.runtime.torchdist import Rendezvous
+from hpctrain.runtime.waiting import watching
 
 __all__ = ["Group"]
 
 _MIN_ARENA = 1 << 16
 _SPIN = 200  # flag polls (under a microsecond each) before a waiting rank yields its core
+
+
+def emulated_node_error(real_nodes: list[int], node_size: int) -> str | None:
+    """Why blocks of ``node_size`` consecutive ranks, ``real_nodes[r]`` naming rank ``r``'s
+    real node, cannot be emulated nodes (one spans real nodes), or ``None``."""
+    for start in range(0, len(real_nodes), node_size):
+        block = real_nodes[start: start + node_size]
+        if len(set(block)) > 1:
+            return (f"comm.node_size = {node_size}: ranks {start}-{start + len(block) - 1} "
+                    f"would form one node but share no memory (they sit on "
+                    f"{len(set(block))} real nodes); use at most the ranks of one real node")
+    return None
 
 
 class Group:
@@ -39,15 +52,22 @@ class Group:
                  params: CostParams | None = None) -> None:
         self.config = config or CommConfig()
         self.comm = comm.Dup()
+        name = f"{comm.Get_name() or 'hpctrain'}.coll"
+        self.comm.Set_name(name)  # the watchdog names and numbers its waits by it
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self._physical = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         node_size = self.config.node_size
+        if node_size:
+            self._check_emulated_nodes(node_size)
         self.node = self.comm.Split(self.rank // node_size, key=self.rank) if node_size \
             else self._physical
         local_rank, local_size = self.node.Get_rank(), self.node.Get_size()
         self.cross = self.comm.Split(local_rank, key=self.rank)
-        sizes = self.comm.allgather(local_size if local_rank == 0 else 0)
-        cores = set().union(*self._physical.allgather(os.sched_getaffinity(0)))
+        self.node.Set_name(f"{name}.node")
+        self.cross.Set_name(f"{name}.cross")
+        with watching("allgather", self.comm):
+            sizes = self.comm.allgather(local_size if local_rank == 0 else 0)
+            cores = set().union(*self._physical.allgather(os.sched_getaffinity(0)))
         self.layout = Layout(
             size=self.size, rank=self.rank, local_size=local_size, local_rank=local_rank,
             nodes=sum(1 for s in sizes if s), uniform=len({s for s in sizes if s}) == 1,
@@ -62,6 +82,17 @@ class Group:
         self._torch: dict[str, Any] = {}
         self._rendezvous: Rendezvous | None = None
 
+    def _check_emulated_nodes(self, node_size: int) -> None:
+        """Emulated nodes must lie inside real ones: a shared window over ranks that share
+        no memory is undefined (``MPI_Allgather`` over ``comm`` of each rank's real node,
+        so every rank raises the same error)."""
+        with watching("allgather", self.comm):
+            leader = self._physical.bcast(self.rank, root=0)
+            leaders = self.comm.allgather(leader)
+        error = emulated_node_error(leaders, node_size)
+        if error:
+            raise CommError(error)
+
     def _read_params(self) -> CostParams:
         """Rank 0 reads the calibration file and broadcasts it (``MPI_Bcast``), so a file
         that only some ranks can read still gives every rank the same model or error."""
@@ -75,7 +106,8 @@ class Group:
                 result = ("", (asdict(params), params.source))
             except CommError as exc:
                 result = (str(exc), None)
-        error, data = self.comm.bcast(result, root=0)
+        with watching("bcast", self.comm):
+            error, data = self.comm.bcast(result, root=0)
         if error:
             raise CommError(f"comm.calibration: {error}")
         return CostParams.from_dict(data[0], data[1])

@@ -18,6 +18,7 @@ from mpi4py import MPI
 from hpctrain.comm import kernels
 from hpctrain.comm.algorithm import Algorithm
 from hpctrain.comm.types import Cost, CostParams, Layout, Link, Request, chunk_bounds
+from hpctrain.runtime.waiting import watching
 
 if TYPE_CHECKING:
     from hpctrain.comm.group import Group
@@ -37,9 +38,10 @@ def allgatherv(part: np.ndarray, comm: MPI.Intracomm) -> np.ndarray:
     part = np.ascontiguousarray(part)
     row = int(np.prod(part.shape[1:], dtype=np.int64))
     counts = np.empty(comm.Get_size(), dtype=np.int64)
-    comm.Allgather(np.array([part.shape[0]], dtype=np.int64), counts)
-    out = np.empty((int(counts.sum()), *part.shape[1:]), dtype=part.dtype)
-    comm.Allgatherv(part, [out, counts * row])
+    with watching("allgather", comm):
+        comm.Allgather(np.array([part.shape[0]], dtype=np.int64), counts)
+        out = np.empty((int(counts.sum()), *part.shape[1:]), dtype=part.dtype)
+        comm.Allgatherv(part, [out, counts * row])
     return out
 
 
@@ -50,12 +52,13 @@ def gatherv(part: np.ndarray, comm: MPI.Intracomm, root: int = 0) -> np.ndarray 
     if comm.Get_size() == 1:
         return part
     counts = np.empty(comm.Get_size(), dtype=np.int64) if comm.Get_rank() == root else None
-    comm.Gather(np.array([part.shape[0]], dtype=np.int64), counts, root=root)
-    if comm.Get_rank() != root:
-        comm.Gatherv(part, None, root=root)
-        return None
-    out = np.empty(int(counts.sum()), dtype=part.dtype)
-    comm.Gatherv(part, [out, counts], root=root)
+    with watching("gather", comm):
+        comm.Gather(np.array([part.shape[0]], dtype=np.int64), counts, root=root)
+        if comm.Get_rank() != root:
+            comm.Gatherv(part, None, root=root)
+            return None
+        out = np.empty(int(counts.sum()), dtype=part.dtype)
+        comm.Gatherv(part, [out, counts], root=root)
     return out
 
 
@@ -67,7 +70,8 @@ def scatterv(whole: np.ndarray | None, count: int, dtype: np.dtype, comm: MPI.In
     rank = comm.Get_rank()
     out = np.empty(b[rank + 1] - b[rank], dtype=dtype)
     counts = np.diff(b)
-    comm.Scatterv([whole, counts, b[:-1], None] if rank == root else None, out, root=root)
+    with watching("scatter", comm):
+        comm.Scatterv([whole, counts, b[:-1], None] if rank == root else None, out, root=root)
     return out
 
 

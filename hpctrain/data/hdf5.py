@@ -166,13 +166,20 @@ class HDF5Dataset(Dataset):
                      labels.astype(np.float32))
 
     def _checked(self, split: str, start: int, batch: Batch) -> Batch:
-        """``batch`` (samples ``start``, ...), once its ids are known to lie in their tables."""
+        """``batch`` (samples ``start``, ...), once its ids lie in their tables and its labels
+        are 0 or 1."""
         sparse = batch.sparse
         bad = (sparse < 0) | (sparse >= self._sizes)
         if bad.any():
             r, t = np.argwhere(bad)[0]
             raise DataError(f"{self.path}: /{split}/sparse[{start + r}, {t}] = {sparse[r, t]} "
                             f"is outside table {t} ({self.table_sizes[t]} rows)")
+        labels = batch.labels
+        wrong = (labels != 0) & (labels != 1)
+        if wrong.any():
+            i = int(np.flatnonzero(wrong)[0])
+            raise DataError(f"{self.path}: /{split}/labels[{start + i}] = {labels[i]}; a click "
+                            f"label is 0 or 1")
         return batch
 
     def close(self) -> None:

@@ -22,6 +22,7 @@ import numpy as np
 
 from hpctrain.config import NUM_DENSE
 from hpctrain.data.types import SPLITS, Batch, Dataset
+from hpctrain.errors import ConfigError
 from hpctrain.runtime import rng
 
 __all__ = ["SyntheticClicks"]
@@ -35,7 +36,8 @@ class SyntheticClicks(Dataset):
     def __init__(self, table_sizes: Sequence[int], train_samples: int, eval_samples: int,
                  zipf: float, seed: int) -> None:
         if len(table_sizes) * 1 + 2 * NUM_DENSE + 1 > _FIELDS:
-            raise ValueError(f"at most {_FIELDS - 2 * NUM_DENSE - 1} tables are supported")
+            raise ConfigError(f"data.table_sizes: {len(table_sizes)} tables; the synthetic "
+                              f"generator supports at most {_FIELDS - 2 * NUM_DENSE - 1}")
         self.table_sizes = tuple(int(n) for n in table_sizes)
         self.zipf = float(zipf)
         self.seed = int(seed)

@@ -25,6 +25,7 @@ from hpctrain.comm import allreduce
 from hpctrain.comm.native import allgatherv
 from hpctrain.comm.owner import Communicators
 from hpctrain.parallel.types import Group, Pending
+from hpctrain.runtime.waits import Wait, wait_all
 from hpctrain.runtime.world import GridComms
 
 __all__ = ["MPIGroup", "TorchGroup", "ParallelGroups", "parallel_groups"]
@@ -35,22 +36,26 @@ _TORCH_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 class _HostRecv:
     """An ``MPI_Irecv`` into a host buffer, copied into the device tensor on ``wait``."""
 
-    def __init__(self, request: MPI.Request, host: np.ndarray, target: torch.Tensor) -> None:
+    def __init__(self, request: MPI.Request, host: np.ndarray, target: torch.Tensor,
+                 comm: MPI.Comm, peer: int) -> None:
         self.request, self.host, self.target = request, host, target
+        self.comm, self.peer = comm, peer
 
     def wait(self) -> None:
-        self.request.Wait()
+        wait_all([self.request], Wait("recv", self.comm, (self.peer,)))
         self.target.copy_(torch.from_numpy(self.host))
 
 
 class _MPIRequest:
     """An ``MPI_Isend``/``MPI_Irecv`` holding its host buffer until ``wait``."""
 
-    def __init__(self, request: MPI.Request, host: np.ndarray) -> None:
+    def __init__(self, request: MPI.Request, host: np.ndarray, op: str, comm: MPI.Comm,
+                 peer: int) -> None:
         self.request, self.host = request, host
+        self.op, self.comm, self.peer = op, comm, peer
 
     def wait(self) -> None:
-        self.request.Wait()
+        wait_all([self.request], Wait(self.op, self.comm, (self.peer,)))
 
 
 class MPIGroup(Group):
@@ -82,7 +87,8 @@ class MPIGroup(Group):
         if self.size == 1:
             return tensor
         host = _host(tensor)
-        self.comm.Bcast(host, root=root)
+        with Wait("bcast", self.comm):
+            self.comm.Bcast(host, root=root)
         return _back(tensor, host)
 
     def post(self, sends: Sequence[tuple[torch.Tensor, int]],
@@ -92,14 +98,17 @@ class MPIGroup(Group):
         pending: list[Pending] = []
         for tensor, peer in sends:
             host = np.ascontiguousarray(tensor.detach().cpu().numpy())
-            pending.append(_MPIRequest(self.comm.Isend(host, dest=peer), host))
+            pending.append(_MPIRequest(self.comm.Isend(host, dest=peer), host, "send",
+                                       self.comm, peer))
         for tensor, peer in recvs:
             if tensor.device.type == "cpu" and tensor.is_contiguous():
                 host = tensor.numpy()
-                pending.append(_MPIRequest(self.comm.Irecv(host, source=peer), host))
+                pending.append(_MPIRequest(self.comm.Irecv(host, source=peer), host, "recv",
+                                           self.comm, peer))
             else:
                 host = np.empty(tuple(tensor.shape), dtype=np.float32)
-                pending.append(_HostRecv(self.comm.Irecv(host, source=peer), host, tensor))
+                pending.append(_HostRecv(self.comm.Irecv(host, source=peer), host, tensor,
+                                         self.comm, peer))
         return pending
 
 

@@ -56,13 +56,12 @@ def _peak() -> float:
     return float(peak_rss_bytes())
 
 
-def _short(config: JobConfig, steps: int, run_dir: str) -> list[str]:
+def _short(config: JobConfig, steps: int) -> list[str]:
     """Keys that make a run brief and quiet; the evaluation at the end stays small."""
-    keys = [f"train.steps={steps}", "train.progress=false", f"train.run_dir='{run_dir}'",
-            "train.eval_every=0", f"train.log_every={max(steps, 1)}",
-            "checkpoint.every_steps=0", "checkpoint.every_minutes=0.0",
-            "checkpoint.mtbf_hours=0.0", "checkpoint.at_end=false", "runtime.log_level='warning'",
-            "runtime.threads=1"]
+    keys = [f"train.steps={steps}", "train.progress=false", "train.eval_every=0",
+            f"train.log_every={max(steps, 1)}", "checkpoint.every_steps=0",
+            "checkpoint.every_minutes=0.0", "checkpoint.mtbf_hours=0.0",
+            "checkpoint.at_end=false", "runtime.log_level='warning'", "runtime.threads=1"]
     if config.data.source == "synthetic":
         keys.append(f"data.eval_samples={config.train.eval_batch_size}")
     return keys
@@ -71,8 +70,10 @@ def _short(config: JobConfig, steps: int, run_dir: str) -> list[str]:
 def _run(job: str | None, overrides: Sequence[str], world_topo: Topology
          ) -> tuple[float, float, float]:
     """(slowest worker's median step seconds, largest rank's peak bytes, largest rank's CPU
-    seconds) of one run."""
-    config = load_config(job, overrides)
+    seconds) of one run, in a run directory of its own (a run directory holds one run)."""
+    run_dir = world_topo.world.bcast(tempfile.mkdtemp(prefix="hpctrain-plan-")
+                                     if world_topo.rank == 0 else None, root=0)
+    config = load_config(job, [*overrides, f"train.run_dir='{run_dir}'"])
     topo = build_topology(config)
     _reset_peak()
     cpu = time.process_time()
@@ -158,10 +159,9 @@ def run_validate(args: argparse.Namespace) -> int:
                 if q.feasible and q.runnable and q.proposal != own.proposal]
         top = top[:args.runs]
     top = topo.world.bcast(top, root=0)
-    run_dir = topo.world.bcast(tempfile.mkdtemp(prefix="hpctrain-plan-"), root=0)
     if not top:
         raise ConfigError("--validate: no layout of the job fits the launched ranks")
-    short, once = _short(base, max(args.steps, 2), run_dir), _short(base, 1, run_dir)
+    short, once = _short(base, max(args.steps, 2)), _short(base, 1)
     _run(args.job, [*args.set, *top[0].proposal.overrides(), *once],
          topo)  # warm-up: loads the kernels, fills the allocator
     measured = [_measure(args.job, [*args.set, *q.proposal.overrides()], short, once, topo)

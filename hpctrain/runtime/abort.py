@@ -27,6 +27,7 @@ from typing import TypeVar
 from mpi4py import MPI
 
 from hpctrain.errors import HpctrainError
+from hpctrain.runtime.waiting import watching
 
 __all__ = ["USER_ERROR", "AgreedError", "agree", "run_guarded", "abort_job", "world_rank",
            "world_size"]
@@ -74,7 +75,8 @@ def agree(comm: MPI.Intracomm, body: Callable[[], T]) -> T:
         result, error = body(), None
     except HpctrainError as exc:
         result, error = None, str(exc)
-    outcomes = comm.allgather((world_rank(), error))
+    with watching("agree", comm):
+        outcomes = comm.allgather((world_rank(), error))
     failed = [(rank, text) for rank, text in outcomes if text is not None]
     if not failed:
         return result

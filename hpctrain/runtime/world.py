@@ -241,6 +241,8 @@ def build_grid(comm: MPI.Intracomm, grid: Grid, rendezvous: Rendezvous | None = 
                     torch_groups[axis] = rendezvous.process_group(
                         f"{scope}/{axis}/{index}", key, len(group), backend)
         comms[axis] = comm.Split(color, key)
+        if comms[axis] != MPI.COMM_NULL:
+            comms[axis].Set_name(f"hpctrain.{axis}")  # the watchdog names waits by it
     if position is None:
         return None
     return GridComms(grid, position, comms, torch_groups if rendezvous else None, local)

@@ -35,7 +35,7 @@ from hpctrain.runtime.durable import fsync_path
 
 __all__ = ["FORMAT", "VERSION", "Manifest", "FileEntry", "step_dir", "write_atomic",
            "write_rows", "read_rows", "write_manifest", "read_manifest", "latest", "prune",
-           "young_daly_s"]
+           "young_daly_s", "file_sha256"]
 
 FORMAT = "hpctrain-checkpoint"
 VERSION = 1
@@ -92,7 +92,7 @@ def write_atomic(path: Path, fill: Callable[[h5py.File], None], rows: int = 0) -
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    return FileEntry(path.name, path.stat().st_size, _sha256(path), rows)
+    return FileEntry(path.name, path.stat().st_size, file_sha256(path), rows)
 
 
 def write_rows(path: Path, rows: np.ndarray, weight: np.ndarray, state: np.ndarray) -> FileEntry:
@@ -175,7 +175,7 @@ def read_manifest(folder: Path, verify: bool = True) -> Manifest:
         for entry in manifest.files:
             file = folder / entry.name
             if not file.exists() or file.stat().st_size != entry.bytes or \
-                    _sha256(file) != entry.sha256:
+                    file_sha256(file) != entry.sha256:
                 raise CheckpointError(f"checkpoint file {file} is missing or does not match "
                                       f"its checksum in {path}")
     return manifest
@@ -198,17 +198,33 @@ def latest(run_dir: str | os.PathLike[str]) -> Manifest:
     raise CheckpointError(f"no complete checkpoint under {root}{detail}")
 
 
-def prune(run_dir: str | os.PathLike[str], keep: int) -> None:
-    """Delete all but the ``keep`` newest complete checkpoints (and older incomplete ones)."""
+def prune(run_dir: str | os.PathLike[str], keep: int,
+          verified: set[str] | None = None) -> None:
+    """Keep the ``keep`` newest *verified* checkpoints (manifest present, every file with its
+    size and SHA-256) and delete only what is older than the oldest of them: older
+    checkpoints, damaged ones and incomplete leftovers. Newer folders (damaged, or being
+    written) are left alone, and with fewer than ``keep`` verified nothing is deleted.
+    ``verified`` remembers folders already checked (a caller's cache across commits)."""
     root = Path(run_dir) / "checkpoints"
     folders = sorted(root.glob(f"{_STEP_PREFIX}*"), reverse=True)
-    complete = [f for f in folders if (f / "manifest.h5").exists()]
-    if len(complete) <= keep:
-        return
-    oldest_kept = complete[keep - 1]
+    verified = set() if verified is None else verified
+    intact: list[Path] = []
     for folder in folders:
-        if folder < oldest_kept:
+        if len(intact) == keep:
+            break
+        if str(folder) not in verified:
+            try:
+                read_manifest(folder)
+            except CheckpointError:
+                continue
+            verified.add(str(folder))
+        intact.append(folder)
+    if len(intact) < keep:
+        return
+    for folder in folders:
+        if folder < intact[-1]:
             shutil.rmtree(folder, ignore_errors=True)
+            verified.discard(str(folder))
 
 
 def young_daly_s(write_s: float, mtbf_hours: float) -> float:
@@ -216,7 +232,7 @@ def young_daly_s(write_s: float, mtbf_hours: float) -> float:
     return (2.0 * write_s * mtbf_hours * 3600.0) ** 0.5
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):

@@ -77,7 +77,8 @@ class Cadence:
         interval = self.interval_s()
         if interval is None or done % _AGREE_EVERY:
             return False
-        return bool(self.comm.bcast(time.monotonic() - self.last >= interval, root=0))
+        with Wait("bcast", self.comm):
+            return bool(self.comm.bcast(time.monotonic() - self.last >= interval, root=0))
 
     def saved(self, seconds: float) -> None:
         self.last = time.monotonic()
@@ -94,7 +95,15 @@ def shape_of(config: JobConfig, layout: TableLayout) -> dict[str, str]:
             "model.embedding_dim": str(m.embedding_dim), "model.bottom_mlp": str(m.bottom_mlp),
             "model.top_mlp": str(m.top_mlp), "train.optimizer": config.train.optimizer,
             "train.sparse_optimizer": config.train.table_optimizer,
-            "ps.mode": config.ps.mode if config.ps.servers else "replicated"}
+            "ps.mode": config.ps.mode if config.ps.servers else "replicated",
+            # the data position is the step: these must not change under a resume
+            "train.batch_size": str(config.train.batch_size),
+            "train.accumulate": str(config.train.accumulate),
+            **{f"data.{key}": json.dumps(getattr(config.data, key)) for key in _DATA_KEYS}}
+
+
+_DATA_KEYS = ("source", "paths", "eval_paths", "eval_fraction", "train_samples",
+              "eval_samples", "seed", "zipf")
 
 
 def check_compatible(manifest: ckpt.Manifest, config: JobConfig, layout: TableLayout) -> None:
@@ -112,12 +121,33 @@ def commit(world: MPI.Intracomm, folder: Path, files: list[ckpt.FileEntry],
     """Gather every rank's written files to world rank 0 (``gather`` over ``world``), which
     writes the manifest (the commit point) and prunes; ``manifest`` is rank 0's."""
     wait_all([world.Ibarrier()], Wait("save", world))  # the watchdog names a missing rank
-    everything = world.gather([asdict(f) for f in files], root=0)
+    with Wait("gather", world):
+        everything = world.gather([asdict(f) for f in files], root=0)
     if world.Get_rank() != 0:
         return
     manifest.files = [ckpt.FileEntry(**f) for part in everything for f in part]
+    for rank, part in enumerate(everything):
+        for entry in part:
+            _check_visible(folder, ckpt.FileEntry(**entry), rank)
     ckpt.write_manifest(folder, manifest)
-    ckpt.prune(folder.parent.parent, keep)
+    _VERIFIED.add(str(folder))
+    ckpt.prune(folder.parent.parent, keep, _VERIFIED)
+
+
+_VERIFIED: set[str] = set()  # checkpoint folders rank 0 has verified (prune's cache)
+
+
+def _check_visible(folder: Path, entry: ckpt.FileEntry, rank: int) -> None:
+    """World rank 0 must read every file of a checkpoint as its writer recorded it: a
+    node-local run directory fails the first commit instead of the resume."""
+    path = folder / entry.name
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint commit: {path}, written by rank {rank}, is not "
+                              f"visible to rank 0; train.run_dir must be on a file system "
+                              f"every node shares")
+    if path.stat().st_size != entry.bytes or ckpt.file_sha256(path) != entry.sha256:
+        raise CheckpointError(f"checkpoint commit: {path}, written by rank {rank}, does not "
+                              f"match its size or SHA-256 as rank 0 reads it")
 
 
 def write_dense(folder: Path, params: list[torch.Tensor],

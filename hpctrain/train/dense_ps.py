@@ -24,7 +24,7 @@ from mpi4py import MPI
 from embeddings.tables import TableLayout
 from embeddings.types import TableSpec
 from hpctrain.models.dlrm import DLRM
-from hpctrain.runtime.waits import wait_all
+from hpctrain.runtime.waits import Wait, wait_all
 from hpctrain.train.dense_dp import LocalDense
 from hpctrain.train.engine import Reduced, StepWork
 from hpctrain.train.nonfinite import NonFiniteGuard
@@ -57,7 +57,7 @@ class DenseOnServers:
         if comm.Get_rank() == 0:
             flat = torch.cat([p.detach().reshape(-1).cpu() for p in self.params]).numpy()
             self.client.write(self.rows, self._as_rows(flat))
-        wait_all([comm.Ibarrier()])
+        wait_all([comm.Ibarrier()], Wait("barrier", comm))
 
     def pull(self) -> None:
         """Copy the servers' current dense values into the model."""

@@ -20,15 +20,18 @@ from hpctrain.data import Dataset, open_dataset
 from hpctrain.models.dlrm import DLRM
 from hpctrain.runtime import trace
 from hpctrain.runtime.abort import agree
+from hpctrain.runtime.preempt import Preemption
+from hpctrain.runtime.waits import Wait
 from hpctrain.runtime.world import Topology
 from hpctrain.sync.models import table_models
 from hpctrain.train import checkpoint as ckpt
 from hpctrain.train import checkpointing
 from hpctrain.train.dense_ps import with_dense_table
+from hpctrain.train.inputs import agree_on_inputs, available_memory, check_memory
 from hpctrain.train.meta import collect_meta, write_meta
 from hpctrain.train.optim import sparse_optimizer
 from hpctrain.train.report import Summary
-from hpctrain.train.rundir import default_run_dir
+from hpctrain.train.rundir import claim, default_run_dir
 from hpctrain.train.trainer import Trainer
 from hpctrain.train.warmup import prepare_kernels
 from ps.server import ServerStats
@@ -73,6 +76,7 @@ class TrainingJob:
                  dataset: Dataset | None = None) -> None:
         """``dataset`` is the workers' data (opened from ``config.data`` when None)."""
         run_dir = topo.world.bcast(config.train.run_dir or default_run_dir(), root=0)
+        agree(topo.world, lambda: claim(run_dir, resume) if topo.rank == 0 else None)
         self.config = config = dataclasses.replace(
             config, train=dataclasses.replace(config.train, run_dir=run_dir))
         self.topo = topo
@@ -81,8 +85,11 @@ class TrainingJob:
             write_meta(run_dir, meta)
         self.dataset = agree(topo.world, lambda: (dataset or open_dataset(config.data))
                              if topo.is_worker else None)
+        agree_on_inputs(topo.world, config, self.dataset)
         sizes = topo.world.bcast(self.dataset.table_sizes if topo.rank == 0 else None, root=0)
         self.layout = TableLayout.from_sizes(sizes, config.model.embedding_dim)
+        holders = topo.node.allreduce(int(topo.is_worker != bool(config.ps.servers)))
+        agree(topo.world, lambda: check_memory(config, sizes, holders, available_memory()))
         self.ps, self.models = None, None
         if config.ps.servers:
             served = self.layout
@@ -114,6 +121,7 @@ class TrainingJob:
         """Serve this server's shards until every worker is done; its counters (servers
         only)."""
         config, topo = self.config, self.topo
+        Preemption()  # a server outlives SIGTERM until the workers' checkpoint is written
         restore, on_save = checkpointing.server_hooks(
             topo.world, config.train.run_dir, config.checkpoint.keep, self.ps.layout,
             self.ps.placement, topo.rank - topo.workers, self.manifest)
@@ -132,7 +140,8 @@ class TrainingJob:
             trainer.close()
         else:
             server_stats = self.serve()
-        gathered = self.topo.world.gather(server_stats, root=0)
+        with Wait("gather", self.topo.world):
+            gathered = self.topo.world.gather(server_stats, root=0)
         if self.ps:
             self.ps.comm.Free()
         if self.topo.rank == 0:

@@ -62,6 +62,8 @@ class Summary:
     """Bytes worker 0 handed to the dense gradient reductions (``comm.wire_dtype``)."""
     dense_syncs: int = 0
     """Dense synchronisations of worker 0: gradient reductions, or local SGD's averages."""
+    stopped_at: int = 0
+    """The step after which SIGTERM/SIGUSR1 stopped the run (0: it ran to the end)."""
 
     @property
     def step_s(self) -> float:

@@ -2,12 +2,19 @@
 
 Files are replaced atomically (temporary file, then rename) so a crash never leaves a
 half-written summary; ``metrics.jsonl`` is append-only, one JSON object per line.
+
+A run directory belongs to one run (:func:`claim`): a new run refuses a directory that holds
+another run's files unless it resumes it, so a reused name never overwrites a config, appends
+to another run's metrics or lets ``prune`` delete the new run's checkpoints. Default names
+(:func:`default_run_dir`) carry the launch time, the batch job id and array index when there
+are some, and a random suffix, so array tasks started in the same second never share one.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import time
 from pathlib import Path
 from typing import Any
@@ -15,7 +22,13 @@ from typing import Any
 from hpctrain.config import JobConfig, dump_toml
 from hpctrain.errors import ConfigError
 
-__all__ = ["RunDir", "default_run_dir", "write_text_atomic"]
+__all__ = ["RunDir", "default_run_dir", "claim", "RUN_FILES", "write_text_atomic"]
+
+RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "plan.json", "checkpoints")
+"""What marks a directory as holding a run."""
+
+_JOB_ID = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID")
+_ARRAY_INDEX = ("SLURM_ARRAY_TASK_ID", "PBS_ARRAY_INDEX", "PBS_ARRAYID", "LSB_JOBINDEX")
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
@@ -29,8 +42,29 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
     os.replace(tmp, path)
 
 
-def default_run_dir() -> str:
-    return os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
+def default_run_dir(env: dict[str, str] | None = None) -> str:
+    """``runs/<time>[-<job id>[_<array index>]]-<random>``: unique across concurrent
+    launches (the random part alone makes two launches in one second differ)."""
+    env = os.environ if env is None else env
+    name = time.strftime("%Y%m%d-%H%M%S")
+    job = next((env[k] for k in _JOB_ID if env.get(k)), "")
+    index = next((env[k] for k in _ARRAY_INDEX if env.get(k)), "")
+    if job:
+        name += "-" + job.split(".")[0] + (f"_{index}" if index else "")
+    return os.path.join("runs", f"{name}-{secrets.token_hex(3)}")
+
+
+def claim(path: str, resume: bool) -> None:
+    """Check that a new run may use ``path`` (world rank 0, before anything is written):
+    unless resuming, a directory holding another run's files is refused (``ConfigError``,
+    nothing changed)."""
+    folder = Path(path)
+    if resume or not folder.is_dir():
+        return
+    found = [name for name in RUN_FILES if (folder / name).exists()]
+    if found:
+        raise ConfigError(f"train.run_dir = {path!r} holds another run ({', '.join(found)}); "
+                          f"resume it with --resume {path}, or choose a new directory")
 
 
 class RunDir:

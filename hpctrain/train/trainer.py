@@ -40,8 +40,9 @@ from hpctrain.data import Batch, Dataset, open_dataset
 from hpctrain.data.sharding import local_slice
 from hpctrain.runtime import trace
 from hpctrain.runtime.env import peak_rss_bytes
+from hpctrain.runtime.preempt import Preemption
 from hpctrain.runtime.topology import shard_range
-from hpctrain.runtime.waits import wait_all
+from hpctrain.runtime.waits import Wait, wait_all
 from hpctrain.runtime.world import Topology
 from hpctrain.sync.models import lr_factor
 from hpctrain.sync.stragglers import Stragglers
@@ -60,6 +61,7 @@ from ps.service import PSJob
 __all__ = ["Trainer"]
 
 log = logging.getLogger(__name__)
+
 
 class Trainer:
     """Trains the DLRM on this worker; collective over the workers (``topo.role_comm``)."""
@@ -81,6 +83,7 @@ class Trainer:
         self.run = (RunDir(config.train.run_dir or default_run_dir(), config)
                     if self.comm.Get_rank() == 0 else None)
         self.phase_s: dict[str, float] = defaultdict(float)
+        self.preemption = Preemption()  # SIGTERM/SIGUSR1: stop at an agreed step, resumable
         sc = config.sync
         self.stragglers = Stragglers(self.comm.Get_rank(), sc.slow_workers, sc.slow_factor,
                                      sc.straggle_probability, sc.straggle_factor,
@@ -280,7 +283,7 @@ class Trainer:
         with self.store.consistent_reads():
             self.engine.begin()
             probs, labels = self._scores(limit)
-        wait_all([self.comm.Ibarrier()])
+        wait_all([self.comm.Ibarrier()], Wait("barrier", self.comm))
         all_probs = gatherv(probs, self.comm)
         all_labels = gatherv(labels, self.comm)
         if all_probs is None:
@@ -350,16 +353,28 @@ class Trainer:
                 window_loss, window_n = 0.0, 0
             if tc.eval_every and (done % tc.eval_every == 0 or done == self.steps):
                 self._log_heldout(done, summary.samples, time.perf_counter() - start)
-            if self.cadence.due(done, final=done == self.steps):
+            saved = self.cadence.due(done, final=done == self.steps)
+            if saved:
                 self.save_checkpoint(done)
+            if done < self.steps and self.preemption.stop_now(self.comm):
+                if not saved:
+                    self.save_checkpoint(done)
+                summary.stopped_at = done
+                break
         bar.close()
-        summary.steps = self.steps
-        summary.wall_s = time.perf_counter() - start - self.eval_s
+        return self._summarize(summary, time.perf_counter() - start - self.eval_s)
+
+    def _summarize(self, summary: Summary, wall_s: float) -> Summary:
+        """Fill ``summary`` after the loop: the final evaluation, traffic and every worker's
+        facts (gathered on worker 0)."""
+        summary.steps = summary.stopped_at or self.steps
+        summary.wall_s = wall_s
         summary.phase_s = {k: self.phase_s[k] for k in PHASES}
-        summary.eval = self._log_eval(self.steps)
+        summary.eval = self._log_eval(summary.steps)
         traffic = self.engine.traffic()
         summary.dense_reduced_bytes, summary.dense_syncs = traffic.reduced_bytes, traffic.syncs
-        facts = self.comm.gather(self._rank_facts(), root=0)
+        with Wait("gather", self.comm):
+            facts = self.comm.gather(self._rank_facts(), root=0)
         if facts:
             summary.peak_rss_mb = [f.peak_rss_mb for f in facts]
             summary.skipped_lines = sum(f.skipped_lines for f in facts)

@@ -5,7 +5,6 @@ import copy
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from mpi4py import MPI
 from torch import nn
@@ -15,7 +14,7 @@ from hpctrain.config import CommConfig
 from hpctrain.parallel.cross_entropy import parallel_cross_entropy
 from hpctrain.parallel.groups import TorchGroup
 from hpctrain.parallel.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
-from hpctrain.runtime.torchdist import TorchWorld
+from hpctrain.runtime.torchdist import Rendezvous
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 TOL = {"rtol": 1e-4, "atol": 1e-5}
@@ -23,23 +22,23 @@ TOL = {"rtol": 1e-4, "atol": 1e-5}
 
 @pytest.fixture(scope="module")
 def nccl():
-    world = TorchWorld(MPI.COMM_SELF, torch.device("cuda", 0))
-    assert world.backend == "nccl"
-    yield world
-    world.close()
+    """A one-rank NCCL process group on the job's kind of rendezvous."""
+    torch.cuda.set_device(0)
+    return Rendezvous(MPI.COMM_SELF).process_group("gpu-check", 0, 1, backend="nccl")
 
 
 def test_a_one_rank_nccl_group_reduces_on_the_device(nccl):
-    group = TorchGroup(nccl.new_group([0]), [0])
+    group = TorchGroup(nccl, 0, 1)
+    assert group.nccl
     x = torch.arange(8, dtype=torch.float32, device="cuda")
-    dist.all_reduce(x, group=group.group)
+    group.all_reduce(x)
     torch.testing.assert_close(x.cpu(), torch.arange(8, dtype=torch.float32))
     got = group.all_gather(x.clone(), [8])
     torch.testing.assert_close(got.cpu(), x.cpu())
 
 
 def test_tensor_parallel_layers_over_nccl_equal_cpu(nccl):
-    group = TorchGroup(nccl.new_group([0]), [0])
+    group = TorchGroup(nccl, 0, 1)
     torch.manual_seed(1)
     block = nn.Sequential(ColumnParallelLinear(12, 9, group), nn.ReLU(),
                           RowParallelLinear(9, 11, group))

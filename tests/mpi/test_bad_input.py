@@ -94,12 +94,14 @@ def skip_then_stop(trainer: Trainer, gate: list[bool], full: bool = False) -> st
 @pytest.mark.mpi(ranks=(4,))
 def test_nonfinite_steps_are_skipped_or_stopped_alike_in_every_mode(tmp_path):
     world = MPI.COMM_WORLD
-    run_dir = f"train.run_dir={str(tmp_path / 'run')!r}"
+    def run_dir(name: str) -> str:  # a run directory holds one run
+        return f"train.run_dir={str(tmp_path / name)!r}"
+
     gate = [False]
 
     # Replicated data parallel, 4 workers of 25 samples: worker 2 reads samples 160 and 360
     # in steps 1 and 3.
-    config = load_config(overrides=[*SMALL, run_dir, "train.batch_size=100"])
+    config = load_config(overrides=[*SMALL, run_dir("replicated"), "train.batch_size=100"])
     data = open_dataset(config.data)
 
     def replicated(trainer: Trainer) -> None:
@@ -128,7 +130,8 @@ def test_nonfinite_steps_are_skipped_or_stopped_alike_in_every_mode(tmp_path):
     # reads sample 130 in step 1 and 310 in step 3.
     # "tiered": hybrid with 300 rows hot, whose gradients a dropped share still joins (as zeros).
     for mode in ("hybrid", "full", "tiered"):
-        config = load_config(overrides=[*SMALL, run_dir, "ps.servers=1", "train.batch_size=90",
+        config = load_config(overrides=[*SMALL, run_dir(mode), "ps.servers=1",
+                                        "train.batch_size=90",
                                         f"ps.mode={'full' if mode == 'full' else 'hybrid'!r}",
                                         f"tiering.budget={300 if mode == 'tiered' else 0}",
                                         "tiering.budget_unit='rows'"])
@@ -147,7 +150,7 @@ def test_nonfinite_steps_are_skipped_or_stopped_alike_in_every_mode(tmp_path):
         TrainingJob(config, topo, dataset=Poisoned(data, {130, 310})).run(with_servers)
 
     # tp = 2 x pp = 2: only world rank 3 (stage 1, tensor shard 1) sees a NaN gradient.
-    config = load_config(overrides=[*SMALL, run_dir, "train.batch_size=64", "parallel.tp=2",
+    config = load_config(overrides=[*SMALL, run_dir("grid"), "train.batch_size=64", "parallel.tp=2",
                                     "parallel.pp=2", "parallel.backend='mpi'",
                                     "parallel.micro_batches=2"])
 
@@ -181,15 +184,17 @@ def test_bad_input_ends_real_launches_with_one_line_and_exit_2(tmp_path):
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"\n".join(lines) + b"\n")
     criteo = ["--set", "data.source='criteo'", "--set", "data.eval_fraction=0",
-              "--set", "train.batch_size=20", "--set", f"train.run_dir={str(tmp_path / 'r')!r}"]
-    code, ours, out = train([*criteo, "--set", f"data.paths=[{str(bad)!r}]"], ranks=2)
+              "--set", f"data.eval_paths=[{str(SAMPLE)!r}]", "--set", "train.batch_size=20"]
+    code, ours, out = train([*criteo, "--set", f"data.paths=[{str(bad)!r}]", "--set",
+                             f"train.run_dir={str(tmp_path / 'r1')!r}"], ranks=2)
     assert code == 2 and ours == [f"hpctrain: error: [rank 1] {bad}:31: label: expected 0 or "
                                   f"1, got '7'"], out
 
     # Found by every rank when opening the data: agreed, printed once, no abort.
     empty = tmp_path / "empty.txt"
     empty.write_bytes(b"")
-    code, _, out = train([*criteo, "--set", f"data.paths=[{str(empty)!r}]"], ranks=2)
+    code, _, out = train([*criteo, "--set", f"data.paths=[{str(empty)!r}]", "--set",
+                          f"train.run_dir={str(tmp_path / 'r2')!r}"], ranks=2)
     assert code == 2 and out.strip() == f"hpctrain: error: [ranks 0-1] {empty}: empty file"
 
     # A NaN feature read by worker 1 (samples 60-79 of step 1) beside a parameter server.
@@ -199,7 +204,27 @@ def test_bad_input_ends_real_launches_with_one_line_and_exit_2(tmp_path):
         f["train/dense"][70, 3] = np.nan
     code, ours, out = train(["--set", "data.source='hdf5'", "--set", f"data.paths=[{str(h5)!r}]",
                              "--set", "train.batch_size=40", "--set", "ps.servers=1",
-                             "--set", f"train.run_dir={str(tmp_path / 'r')!r}"], ranks=3)
+                             "--set", f"train.run_dir={str(tmp_path / 'r3')!r}"], ranks=3)
     assert code == 2 and ours == [
         "hpctrain: error: [rank 1] step 1: non-finite dense features: train sample 70, I4 = "
         "nan; set train.on_nonfinite = \"skip\" to skip such steps"], out
+
+
+def test_ranks_that_see_different_configs_stop_before_training(tmp_path):
+    """One rank launched with another environment: one line naming the key and the ranks."""
+    import subprocess
+
+    from harness import child_env, mpiexec
+
+    train = [*HPCTRAIN, "train", *[a for kv in SMALL for a in ("--set", kv)],
+             "--set", f"train.run_dir={str(tmp_path / 'run')!r}"]
+    result = subprocess.run([mpiexec(), "-n", "1", *train, ":", "-n", "1", "-env",
+                             "HPCTRAIN_TRAIN__SEED", "7", *train], env=child_env(),
+                            capture_output=True, text=True, timeout=180)
+    lines = [line for line in (result.stdout + result.stderr).splitlines()
+             if line.startswith("hpctrain")]
+    assert result.returncode == 2, result.stdout + result.stderr
+    seed = load_config().train.seed
+    assert lines == [f"hpctrain: error: ranks disagree on config key train.seed: {seed} on "
+                     f"rank 0; 7 on rank 1 (same launch, environment and files on every "
+                     f"rank?)"], lines

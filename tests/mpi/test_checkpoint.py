@@ -168,3 +168,55 @@ def test_adam_state_resumes_bitwise(tmp_path):
     shutil.rmtree(resumed / "checkpoints" / "step-00000008")
     resume(resumed, 2)
     assert_identical(final_state(resumed), reference)
+
+
+def test_a_run_directory_belongs_to_one_run(tmp_path):
+    """Without --resume, a directory holding a run is refused: one line, exit 2, every file
+    byte-identical."""
+    run_dir = tmp_path / "run"
+    train(run_dir, 2)
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    result = run_mpi([*HPCTRAIN, *JOB, "--set", f"train.run_dir={str(run_dir)!r}"], ranks=2,
+                     timeout=180)
+    assert result.returncode == 2, result.stdout
+    lines = [line for line in result.stdout.splitlines() if line.startswith("hpctrain")]
+    assert len(lines) == 1 and "holds another run" in lines[0], result.stdout
+    after = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    assert after == before
+
+
+def test_sigusr1_stops_with_a_checkpoint_and_the_resumed_run_is_bitwise_equal(tmp_path):
+    """SIGUSR1 to every rank mid-run: the workers agree on a step, checkpoint it and exit
+    with 75; the resumed run ends with the parameters of an uninterrupted one."""
+    import re
+
+    from harness import rank_pids
+
+    from hpctrain.runtime.preempt import EXIT_STOPPED
+
+    steps = 60
+    longer = ["--set", f"train.steps={steps}", "--set", "train.log_every=1"]
+    train(tmp_path / "whole", 2, *longer)
+    run_dir = tmp_path / "cut"
+    proc = subprocess.Popen([mpiexec(), "-n", "2", *HPCTRAIN, *JOB, *longer, "--set",
+                             f"train.run_dir={str(run_dir)!r}"], env=child_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        metrics = run_dir / "metrics.jsonl"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None and (
+                not metrics.exists() or len(metrics.read_text().splitlines()) < 5):
+            time.sleep(0.05)
+        for pid in rank_pids(proc.pid).values():
+            os.kill(pid, signal.SIGUSR1)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == EXIT_STOPPED, out
+    stopped = int(re.search(r"stopped by a signal after step (\d+) with a checkpoint", out)[1])
+    assert 5 <= stopped < steps, out
+    assert ckpt.latest(run_dir).step == stopped
+    resume(run_dir, 2)
+    assert_identical(final_state(run_dir, steps), final_state(tmp_path / "whole", steps))

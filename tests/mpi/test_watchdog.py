@@ -1,12 +1,13 @@
 """A stopped rank is named by the watchdog; a killed rank ends the job."""
 
 import os
+import re
 import signal
 import sys
 import textwrap
 import time
 
-from harness import run_mpi
+from harness import rank_pids, run_mpi
 
 SCRIPT = textwrap.dedent("""
     import os, signal, sys, time
@@ -85,3 +86,57 @@ def test_a_killed_rank_ends_the_job_within_a_minute(tmp_path):
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+ABORT_S = 8
+
+
+def _stop_one_rank_of_a_training_run(tmp_path, ranks: int, stop: int, extra: list[str]):
+    """Start ``hpctrain train`` (warn 2 s, abort 8 s: a loaded machine's first steps can
+    keep a rank computing for seconds), SIGSTOP rank ``stop`` once steps run;
+    returns (seconds from the stop to the job's end, return code, output)."""
+    import subprocess
+
+    from harness import child_env, mpiexec
+
+    run_dir = tmp_path / "run"
+    args = [mpiexec(), "-n", str(ranks), sys.executable, "-m", "hpctrain.cli", "train",
+            "--set", "runtime.watchdog_warn_s=2", "--set", f"runtime.watchdog_abort_s={ABORT_S}",
+            "--set", "data.train_samples=5000000", "--set", "train.log_every=1",
+            "--set", f"train.run_dir={run_dir}", *[a for kv in extra for a in ("--set", kv)]]
+    proc = subprocess.Popen(args, env=child_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        metrics = run_dir / "metrics.jsonl"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None and (
+                not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
+            time.sleep(0.1)
+        assert proc.poll() is None, proc.communicate()[0]
+        pids = rank_pids(proc.pid)
+        assert len(pids) == ranks, pids
+        os.kill(pids[stop], signal.SIGSTOP)
+        stopped = time.monotonic()
+        out, _ = proc.communicate(timeout=60)
+        return time.monotonic() - stopped, proc.returncode, out
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+
+
+def test_a_stopped_rank_of_a_training_run_ends_the_job(tmp_path):
+    """Data-parallel worker, pipeline-stage worker and parameter server: each stopped rank
+    is named with the wait, and the job ends within abort_s + 15 s."""
+    for case, ranks, stop, extra in (
+            ("dp", 2, 1, []),
+            ("pp", 2, 1, ["parallel.pp=2"]),
+            ("ps", 3, 2, ["ps.servers=1"])):
+        took, code, out = _stop_one_rank_of_a_training_run(tmp_path / case, ranks, stop, extra)
+        assert code != 0, (case, out[-3000:])
+        assert took < ABORT_S + 15, (case, took, out[-3000:])
+        lines = [line for line in out.splitlines() if line.startswith("hpctrain: watchdog:")]
+        assert len(lines) >= 1 and lines[0].endswith("aborting the job"), (case, out[-3000:])
+        assert re.search(r"has waited \d+ s in \w+ #\d+ on hpctrain\.\w+", lines[0]), lines
+        assert f"rank {stop} (stopped by a signal)" in lines[0], lines
+        print(case, f"{took:.1f} s:", lines[0])

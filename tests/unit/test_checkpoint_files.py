@@ -122,3 +122,45 @@ def test_cadence_and_young_daly():
     assert daly.interval_s() == 0.0  # measure a write first
     daly.saved(2.0)
     assert abs(daly.interval_s() - (2 * 2.0 * 3600) ** 0.5) < 1e-9
+
+
+def test_prune_keeps_a_verified_checkpoint_when_the_newest_is_damaged(tmp_path):
+    for step in (2, 4, 6):
+        make(tmp_path, step=step)
+    damaged = ckpt.step_dir(tmp_path, 6)
+    victim = next(p for p in damaged.iterdir() if p.name != "manifest.h5")
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, other bytes
+    victim.write_bytes(bytes(data))
+    ckpt.prune(tmp_path, keep=1)
+    left = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert left == ["step-00000004", "step-00000006"]  # the intact 4 stays; damaged 6 too
+    assert ckpt.latest(tmp_path).step == 4
+    ckpt.prune(tmp_path, keep=3)  # fewer verified than asked: nothing deleted
+    assert len(list((tmp_path / "checkpoints").iterdir())) == 2
+
+
+def test_a_commit_fails_when_rank_0_cannot_see_a_file(tmp_path):
+    """A node-local run directory: another rank's file is not where rank 0 looks."""
+    from mpi4py import MPI
+
+    folder, _ = make(tmp_path, step=3)
+    manifest = ckpt.read_manifest(folder)
+    absent = ckpt.FileEntry("shard-1.h5", 10, "0" * 64, 5)
+    with pytest.raises(CheckpointError, match=r"shard-1.h5, written by rank 0, is not visible "
+                                              r"to rank 0; train.run_dir must be on a file "
+                                              r"system every node shares"):
+        checkpointing.commit(MPI.COMM_SELF, ckpt.step_dir(tmp_path, 4), [absent], manifest, 1)
+    assert not ckpt.step_dir(tmp_path, 4).exists()
+
+
+def test_resume_refuses_what_would_shift_the_data_position(tmp_path):
+    folder, _ = make(tmp_path, step=3)
+    manifest = ckpt.read_manifest(folder)
+    layout = TableLayout.from_sizes([100], 4)
+    for override, words in (("train.batch_size=64", "train.batch_size = 512; this job has 64"),
+                            ("train.accumulate=2", "train.accumulate = 1; this job has 2"),
+                            ("data.train_samples=10", "data.train_samples = 400000; this job "
+                                                      "has 10")):
+        with pytest.raises(CheckpointError, match=words):
+            checkpointing.check_compatible(manifest, load_config(overrides=[override]), layout)

@@ -129,3 +129,29 @@ def test_stage_cuts_are_checked(overrides, words):
     for word in words:
         assert word in str(info.value)
     assert load_config(overrides=["parallel.pp=3", "parallel.stage_cuts=[0, 2]"])
+
+
+@pytest.mark.parametrize("overrides, words", [
+    (["model.bottom_mlp=[]"], ["model.bottom_mlp = []", "at least one layer width"]),
+    (["model.top_mlp=[]"], ["model.top_mlp = []", "at least one layer width"]),
+    (["data.table_sizes=[]"], ["data.table_sizes = []", "at least one table"]),
+    (["data.source='hdf5'", "data.paths=['a.h5', './a.h5']"],
+     ["data.paths[1] = './a.h5' is also data.paths[0]", "read twice"]),
+    (["data.source='hdf5'", "data.paths=['a.h5']", "data.eval_paths=['a.h5']"],
+     ["data.eval_paths[0] = 'a.h5' is also data.paths[0]", "held-out data"]),
+    (["data.source='criteo'", "data.paths=['a.txt']", "data.eval_fraction=0.0"],
+     ["data.eval_fraction = 0 with no data.eval_paths", "no held-out samples"]),
+])
+def test_inputs_that_would_crash_or_leak_are_refused(overrides, words):
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=overrides)
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_more_synthetic_tables_than_the_generator_has_fields():
+    from hpctrain.data.synthetic import SyntheticClicks
+
+    with pytest.raises(ConfigError, match="data.table_sizes: 40 tables; the synthetic "
+                                          "generator supports at most 37"):
+        SyntheticClicks([5] * 40, 10, 10, 1.0, 0)

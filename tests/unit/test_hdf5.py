@@ -191,3 +191,10 @@ def test_bad_output_paths(tmp_path):
         preprocess(config(), str(tmp_path / "no" / "out.h5"))
     with pytest.raises(ConfigError, match="also an input"):
         preprocess(config(), str(SAMPLE))
+
+
+def test_labels_other_than_0_or_1(written):
+    with h5py.File(written, "r+") as f:
+        f["train/labels"][7] = 3
+    with pytest.raises(DataError, match=r"/train/labels\[7\] = 3; a click label is 0 or 1"):
+        HDF5Dataset(written).read("train", 0, 20)

@@ -30,3 +30,28 @@ def test_unwritable_run_dir_names_the_key(tmp_path):
         locked.mkdir(mode=0o500)
         with pytest.raises(ConfigError, match="cannot write there .Permission denied"):
             RunDir(str(locked / "run"), JobConfig())
+
+
+def test_a_directory_holding_a_run_is_refused_unless_resumed(tmp_path):
+    from hpctrain.train.rundir import claim
+
+    claim(str(tmp_path / "new"), resume=False)  # absent: fine
+    (tmp_path / "empty").mkdir()
+    claim(str(tmp_path / "empty"), resume=False)  # empty: fine
+    run = RunDir(str(tmp_path / "old"), JobConfig())
+    run.close()
+    with pytest.raises(ConfigError, match=r"holds another run \(config.toml, metrics.jsonl\); "
+                                          r"resume it with --resume"):
+        claim(str(tmp_path / "old"), resume=False)
+    claim(str(tmp_path / "old"), resume=True)
+
+
+def test_default_names_differ_within_a_second_and_carry_the_job():
+    from hpctrain.train.rundir import default_run_dir
+
+    names = {default_run_dir({}) for _ in range(50)}
+    assert len(names) == 50  # same second, different names
+    slurm = default_run_dir({"SLURM_JOB_ID": "4242", "SLURM_ARRAY_TASK_ID": "7"})
+    assert "-4242_7-" in slurm and slurm.startswith("runs/")
+    assert "-99.pbs01-" not in default_run_dir({"PBS_JOBID": "99.pbs01"})
+    assert "-99-" in default_run_dir({"PBS_JOBID": "99.pbs01"})
