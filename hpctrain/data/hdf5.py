@@ -178,7 +178,7 @@ class HDF5Dataset(Dataset):
         wrong = (labels != 0) & (labels != 1)
         if wrong.any():
             i = int(np.flatnonzero(wrong)[0])
-            raise DataError(f"{self.path}: /{split}/labels[{start + i}] = {labels[i]}; a click "
+            raise DataError(f"{self.path}: /{split}/labels[{start + i}] = {labels[i]:g}; a click "
                             f"label is 0 or 1")
         return batch
 

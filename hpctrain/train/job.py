@@ -61,7 +61,7 @@ def run_training(config: JobConfig, topo: Topology,
     if config.runtime.trace:
         trace.start(config.runtime.trace, topo.world, "worker" if topo.is_worker else "server")
     job = TrainingJob(config, topo, resume)
-    prepare_kernels(config.train.optimizer, config.tiering.budget > 0)
+    prepare_kernels(config.train.table_optimizer, config.tiering.budget > 0)
     summary = job.run(fit)
     written = trace.finish(topo.world)
     if written:

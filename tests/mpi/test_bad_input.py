@@ -117,7 +117,7 @@ def test_nonfinite_steps_are_skipped_or_stopped_alike_in_every_mode(tmp_path):
 
     # All-to-all shards over the same 4 workers (column-wise: a block of every row on each).
     for sharding in ("row_wise", "column_wise"):
-        config = load_config(overrides=[*SMALL, run_dir, "train.batch_size=100",
+        config = load_config(overrides=[*SMALL, run_dir(sharding), "train.batch_size=100",
                                         "embeddings.mode='alltoall'",
                                         f"embeddings.sharding={sharding!r}"])
         trainer = Trainer(config, build_topology(config), Poisoned(data, {160, 360}))

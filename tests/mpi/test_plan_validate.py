@@ -14,7 +14,7 @@ def test_validate_two_ranks():
                       "--steps", "3", "--runs", "2"], ranks=2, timeout=240)
     assert result.returncode == 0, result.stdout
     rows = [line for line in result.stdout.splitlines()
-            if re.match(r"^(replicated|ps\d)\S*/dp", line)]
+            if re.match(r"^(replicated|ps\d|a2a-)\S*/dp", line)]
     assert len(rows) == 2, result.stdout
     assert rows[0].startswith("replicated/dp2/")  # the job's own layout comes first
     for row in rows:

@@ -138,5 +138,7 @@ def test_a_stopped_rank_of_a_training_run_ends_the_job(tmp_path):
         lines = [line for line in out.splitlines() if line.startswith("hpctrain: watchdog:")]
         assert len(lines) >= 1 and lines[0].endswith("aborting the job"), (case, out[-3000:])
         assert re.search(r"has waited \d+ s in \w+ #\d+ on hpctrain\.\w+", lines[0]), lines
-        assert f"rank {stop} (stopped by a signal)" in lines[0], lines
+        # the first watchdog to fire may be a rank waiting on a rank that waits on the
+        # stopped one: some line of the job names it
+        assert any(f"rank {stop} (stopped by a signal)" in line for line in lines), lines
         print(case, f"{took:.1f} s:", lines[0])
