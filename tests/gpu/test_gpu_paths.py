@@ -1,23 +1,17 @@
 """CUDA paths a CPU machine cannot run: NCCL over one GPU, and the tensor-parallel layers on a
 torch.distributed (NCCL) group. Run by tests/gpu/run.sh; skipped without CUDA."""
 
-import copy
-
 import pytest
 import torch
-import torch.nn.functional as F
+from cuda_checks import tensor_parallel_layers_match_on_cuda
 from mpi4py import MPI
-from torch import nn
 
 from hpctrain.comm import Group, allreduce
 from hpctrain.config import CommConfig
-from hpctrain.parallel.cross_entropy import parallel_cross_entropy
 from hpctrain.parallel.groups import TorchGroup
-from hpctrain.parallel.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 from hpctrain.runtime.torchdist import Rendezvous
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-TOL = {"rtol": 1e-4, "atol": 1e-5}
 
 
 @pytest.fixture(scope="module")
@@ -38,24 +32,7 @@ def test_a_one_rank_nccl_group_reduces_on_the_device(nccl):
 
 
 def test_tensor_parallel_layers_over_nccl_equal_cpu(nccl):
-    group = TorchGroup(nccl, 0, 1)
-    torch.manual_seed(1)
-    block = nn.Sequential(ColumnParallelLinear(12, 9, group), nn.ReLU(),
-                          RowParallelLinear(9, 11, group))
-    table = VocabParallelEmbedding(11, 12, group)
-    ids, target = torch.randint(0, 11, (6, 5)), torch.randint(0, 11, (30,))
-    results = []
-    for device in ("cpu", "cuda"):
-        b, t = copy.deepcopy(block).to(device), copy.deepcopy(table).to(device)
-        logits = b(t(ids.to(device))).reshape(30, 11)
-        loss = parallel_cross_entropy(logits, target.to(device), group, 0)
-        torch.testing.assert_close(loss, F.cross_entropy(logits, target.to(device),
-                                                         reduction="none"), **TOL)
-        loss.sum().backward()
-        results.append([loss.detach().cpu()] + [p.grad.cpu() for p in
-                                                (*b.parameters(), *t.parameters())])
-    for got, expected in zip(results[1], results[0], strict=True):
-        torch.testing.assert_close(got, expected, **TOL)
+    tensor_parallel_layers_match_on_cuda(TorchGroup(nccl, 0, 1))
 
 
 def test_the_torch_allreduce_algorithm_on_a_cuda_tensor():

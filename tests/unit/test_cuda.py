@@ -10,16 +10,13 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
+from cuda_checks import TOL, tensor_parallel_layers_match_on_cuda
 
 from hpctrain.config import ModelConfig
 from hpctrain.models.dlrm import DLRM
-from hpctrain.parallel.cross_entropy import parallel_cross_entropy
-from hpctrain.parallel.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 from hpctrain.parallel.types import Group
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-TOL = {"rtol": 1e-4, "atol": 1e-5}
 
 
 class Alone(Group):
@@ -60,21 +57,4 @@ def test_a_dlrm_step_on_cuda_equals_cpu():
 
 
 def test_tensor_parallel_layers_on_cuda_equal_cpu():
-    torch.manual_seed(1)
-    group = Alone()
-    block = nn.Sequential(ColumnParallelLinear(12, 9, group), nn.ReLU(),
-                          RowParallelLinear(9, 11, group))
-    table = VocabParallelEmbedding(11, 12, group)
-    ids, target = torch.randint(0, 11, (6, 5)), torch.randint(0, 11, (30,))
-    results = []
-    for device in ("cpu", "cuda"):
-        b, t = copy.deepcopy(block).to(device), copy.deepcopy(table).to(device)
-        logits = b(t(ids.to(device))).reshape(30, 11)
-        loss = parallel_cross_entropy(logits, target.to(device), group, 0)
-        torch.testing.assert_close(loss, F.cross_entropy(logits, target.to(device),
-                                                         reduction="none"), **TOL)
-        loss.sum().backward()
-        results.append([loss.detach().cpu()] + [p.grad.cpu() for p in
-                                                (*b.parameters(), *t.parameters())])
-    for got, expected in zip(results[1], results[0], strict=True):
-        torch.testing.assert_close(got, expected, **TOL)
+    tensor_parallel_layers_match_on_cuda(Alone())
