@@ -113,7 +113,7 @@ def _plan(args: argparse.Namespace) -> int:
     config = load_config(args.job, args.set)
     cluster = cluster_of(args)
     predictions = plan(config, cluster, args.job, args.set)
-    fits = [q for q in predictions if q.feasible and q.runnable]
+    fits = [q for q in predictions if q.feasible]
     print(plan_json(predictions, cluster) if args.json else
           format_plan(predictions, cluster, args.top), flush=True)
     if not fits:

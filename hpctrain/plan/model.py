@@ -184,7 +184,7 @@ def _unique_rows(w: Workload, samples: float) -> float:
     return sum(zipf_unique(n, w.zipf, samples) for n in w.table_sizes)
 
 
-def predict(w: Workload, p: Proposal, cluster: Cluster, runnable: bool = True) -> Prediction:
+def predict(w: Workload, p: Proposal, cluster: Cluster) -> Prediction:
     """Memory and step time of every kind of rank under ``p``; ``infeasible`` says why it
     cannot run on ``cluster`` (grid, memory)."""
     dev, share = cluster.device, cluster.core_share
@@ -353,7 +353,7 @@ def predict(w: Workload, p: Proposal, cluster: Cluster, runnable: bool = True) -
                             f"{(r.memory_bytes - cluster.memory_per_rank) / 2**20:,.0f} MiB")
     notes = ("ranks share cores",) if cluster.oversubscribed else ()
     return Prediction(p, ranks, step, w.batch / step if step else 0.0, peak, tuple(problems),
-                      runnable, notes)
+                      notes)
 
 
 def _tp_split(widths: tuple[int, ...]) -> tuple[int, int, list[int]]:

@@ -4,8 +4,8 @@ The candidates, for ``R`` ranks: tables replicated over ``dp = R`` workers; ``K 
 min(4, R-1)`` parameter servers in hybrid and full mode, and hybrid with a hot tier; dense
 ``dp x tp x pp`` grids (``tp, pp`` in 1, 2, 4, ... up to the model's stages) with
 micro-batch counts ``pp, 2pp, 4pp`` and both schedules; a smaller gradient bucket where the
-dense gradients fill more than one; all-to-all sharded tables (row- and table-wise),
-marked not runnable unless this build's config has ``embeddings.mode``. Each candidate is
+dense gradients fill more than one; all-to-all sharded tables (row- and table-wise). Each
+candidate is
 checked as a job config (:func:`hpctrain.config.load_config` with its overrides) and by
 the model (grid, memory), so an infeasible one says why.
 """
@@ -22,11 +22,9 @@ from hpctrain.plan.cluster import Cluster
 from hpctrain.plan.model import F32, dense_params, predict, workload
 from hpctrain.plan.types import Prediction, Proposal
 
-__all__ = ["candidates", "plan", "ALLTOALL_BUILT", "rank_predictions", "proposal_of",
+__all__ = ["candidates", "plan", "rank_predictions", "proposal_of",
            "predict_job"]
 
-ALLTOALL_BUILT = "embeddings" in {f.name for f in dataclasses.fields(JobConfig)}
-"""Whether this build runs all-to-all sharded tables (``embeddings.mode = 'alltoall'``)."""
 
 HOT_FRACTIONS = (0.01, 0.1)
 
@@ -70,8 +68,6 @@ def _check(config: JobConfig, job: str | None, overrides: Sequence[str], p: Prop
            ) -> list[str]:
     """Why ``p`` cannot run as a job (its config, its grid); empty when it can."""
     problems: list[str] = []
-    if p.embeddings == "alltoall" and not ALLTOALL_BUILT:
-        return problems
     try:
         load_config(job, [*overrides, *p.overrides()], env={})
     except ConfigError as exc:
@@ -85,7 +81,7 @@ def _check(config: JobConfig, job: str | None, overrides: Sequence[str], p: Prop
 
 def rank_predictions(predictions: Sequence[Prediction]) -> list[Prediction]:
     """Runnable feasible layouts fastest first, then predicted-only ones, then infeasible."""
-    return sorted(predictions, key=lambda q: (not q.feasible, not q.runnable,
+    return sorted(predictions, key=lambda q: (not q.feasible,
                                               -q.samples_per_s, q.peak_memory, q.proposal.name))
 
 
@@ -97,8 +93,7 @@ def plan(config: JobConfig, cluster: Cluster, job: str | None = None,
     out = []
     for p in candidates(config, cluster.ranks):
         problems = _check(config, job, overrides, p)
-        runnable = p.embeddings != "alltoall" or ALLTOALL_BUILT
-        q = predict(w, p, cluster, runnable)
+        q = predict(w, p, cluster)
         extra = tuple(x for x in problems if x not in q.infeasible)
         out.append(dataclasses.replace(q, infeasible=q.infeasible + extra))
     return rank_predictions(out)

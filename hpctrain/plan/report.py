@@ -29,9 +29,7 @@ def format_plan(predictions: Sequence[Prediction], cluster: Cluster, top: int = 
     lines.append(f"{'#':>3} {'layout':<44} {'samples/s':>10} {'step ms':>9} "
                  f"{'peak MiB':>9}  status")
     for i, q in enumerate(predictions, 1):
-        status = "ok" if q.feasible and q.runnable else (
-            "not runnable in this build" if q.feasible else "infeasible: " +
-            "; ".join(q.infeasible))
+        status = "ok" if q.feasible else "infeasible: " + "; ".join(q.infeasible)
         lines.append(f"{i:>3} {q.proposal.name:<44} {q.samples_per_s:>10,.0f} "
                      f"{q.step_s * 1e3:>9.2f} {q.peak_memory / MIB:>9,.0f}  {status}")
     shown = [q for q in predictions if q.feasible][:top]
@@ -53,7 +51,7 @@ def plan_json(predictions: Sequence[Prediction], cluster: Cluster) -> str:
         return {"layout": q.proposal.name, "proposal": q.proposal.__dict__,
                 "overrides": q.proposal.overrides(), "samples_per_s": q.samples_per_s,
                 "step_s": q.step_s, "peak_memory_bytes": q.peak_memory,
-                "feasible": q.feasible, "runnable": q.runnable,
+                "feasible": q.feasible,
                 "infeasible": list(q.infeasible), "notes": list(q.notes),
                 "ranks": [{"role": r.role, "count": r.count, "memory": r.memory,
                            "memory_bytes": r.memory_bytes, "time_s": r.time_s,
@@ -71,9 +69,8 @@ def plan_json(predictions: Sequence[Prediction], cluster: Cluster) -> str:
 
 
 def shortfall(predictions: Sequence[Prediction], cluster: Cluster) -> str:
-    """What is short when no runnable layout fits: the least memory any layout needs."""
-    runnable = [q for q in predictions if q.runnable] or list(predictions)
-    best = min(runnable, key=lambda q: q.peak_memory)
+    """What is short when no layout fits: the least memory any layout needs."""
+    best = min(predictions, key=lambda q: q.peak_memory)
     over = best.peak_memory - cluster.memory_per_rank
     if over > 0:
         return (f"no layout fits: the smallest ({best.proposal.name}) needs "

@@ -91,7 +91,6 @@ class Prediction:
     samples_per_s: float
     peak_memory: float
     infeasible: tuple[str, ...] = ()  # why it cannot run here (memory, grid)
-    runnable: bool = True  # False: this build lacks the feature (predicted anyway)
     notes: tuple[str, ...] = field(default=())
 
     @property

@@ -156,7 +156,7 @@ def run_validate(args: argparse.Namespace) -> int:
         own = predict_job(base, cluster)
         top = [own] if own.feasible else []
         top += [q for q in plan(base, cluster, args.job, args.set)
-                if q.feasible and q.runnable and q.proposal != own.proposal]
+                if q.feasible and q.proposal != own.proposal]
         top = top[:args.runs]
     top = topo.world.bcast(top, root=0)
     if not top:

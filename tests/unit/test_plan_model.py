@@ -97,14 +97,14 @@ def test_ranking_and_infeasible_reasons():
     config = load_config("jobs/configs/default.toml")
     predictions = plan(config, cluster(3), "jobs/configs/default.toml")
     assert len(predictions) >= 20
-    feasible = [q for q in predictions if q.feasible and q.runnable]
+    feasible = [q for q in predictions if q.feasible]
     assert feasible and all(a.samples_per_s >= b.samples_per_s
                             for a, b in zip(feasible, feasible[1:], strict=False))
     reasons = {q.proposal.name: q.infeasible for q in predictions}
     assert any("do not divide" in r for rs in reasons.values() for r in rs)  # tp=2 on 3 ranks
     assert any("does not divide over dp 3" in r for rs in reasons.values() for r in rs)
     a2a = [q for q in predictions if q.proposal.embeddings == "alltoall"]
-    assert a2a and all(q.runnable and not any("sharding" in r for r in q.infeasible)
+    assert a2a and all(not any("sharding" in r for r in q.infeasible)
                        for q in a2a)  # embeddings.mode = "alltoall" is built
     small = plan(config, cluster(2, memory_per_rank="310MiB"))
     assert not any(q.feasible for q in small)
@@ -160,7 +160,7 @@ def test_plan_command(tmp_path, capsys):
                  "--write", str(out)]) == 0
     result = json.loads(capsys.readouterr().out)
     best = result["layouts"][0]
-    assert best["feasible"] and best["runnable"] and len(result["layouts"]) >= 10
+    assert best["feasible"] and len(result["layouts"]) >= 10
     written = load_config(out)
     assert written.ps.servers == best["proposal"]["servers"]
     assert written.parallel.tp == best["proposal"]["tp"]
