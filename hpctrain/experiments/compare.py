@@ -150,7 +150,7 @@ def _tabulate(runs, out_dir: Path, target_loss: float | None) -> dict[str, Any]:
             "step_times": summary.as_dict()["step_times"],
             "curve": [{k: r[k] for k in ("step", "samples", "time_s", "train_loss")}
                       for r in curves[name]],
-            "eval_curve": [r for r in _records(summary.run_dir) if "eval_log_loss" in r],
+            "eval_curve": [r for r in _records(summary.run_dir) if "heldout_log_loss" in r],
         })
     return {"target_loss": target_loss, "out": str(out_dir), "models": rows}
 
