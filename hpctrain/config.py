@@ -259,12 +259,14 @@ class SyncConfig:
 @dataclass(frozen=True)
 class CheckpointConfig:
     every_steps: int = option(0, "checkpoint every N optimizer steps (0: off)", min=0)
-    every_minutes: float = option(0.0, "checkpoint every T minutes of training (0: off)",
-                                  min=0.0)
+    every_minutes: float = option(30.0, "checkpoint every T minutes of training, a cadence "
+                                        "that bounds the work a node failure loses on a "
+                                        "queue (0: off)", min=0.0)
     mtbf_hours: float = option(0.0, "the allocation's mean time between failures; when set, "
                                     "checkpoint at the Young-Daly interval sqrt(2 x measured "
                                     "write time x MTBF) (0: off)", min=0.0)
-    at_end: bool = option(False, "also checkpoint when training ends")
+    at_end: bool = option(True, "also checkpoint when training ends (a requeued or "
+                                "extended run resumes from it)")
     keep: int = option(2, "verified checkpoints kept (only older ones and incomplete "
                           "leftovers are deleted)", min=1)
 
@@ -390,11 +392,6 @@ class JobConfig:
         if self.sync.deterministic and (self.ps.prefetch or any(b != 0 for b in bounds)):
             raise ConfigError("sync.deterministic needs staleness 0 everywhere (bsp or ssp:0) "
                               "and ps.prefetch = false")
-        c = self.checkpoint
-        if self.parallel.tp * self.parallel.pp > 1 and (
-                c.every_steps or c.every_minutes or c.mtbf_hours or c.at_end):
-            raise ConfigError("checkpoint.*: checkpoints of tensor/pipeline-parallel runs "
-                              "(parallel.tp or pp > 1) are not supported")
         if self.parallel.tp * self.parallel.pp > 1 and self.ps.servers:
             raise ConfigError("parallel.tp/pp > 1 keeps the tables on pipeline stage 0; it does "
                               "not combine with ps.servers > 0")
@@ -467,15 +464,12 @@ class JobConfig:
                               "would move (train.sparse_optimizer sgd or adagrad, or stop)")
         grid = self.parallel.tp * self.parallel.pp
         if tc.zero:
-            c = self.checkpoint
             why = ("is not built (ZeRO-1 only)" if tc.zero > 1 else
                    "does not combine with ps.mode = 'full' (the dense state is on the servers)"
                    if self.ps.servers and self.ps.mode == "full" else
                    "is not built for parallel.tp or pp > 1" if grid > 1 else
                    f"needs whole-layer norms: not built for {tc.optimizer}"
                    if tc.optimizer in ("lars", "lamb") else
-                   "does not checkpoint its sharded state yet (checkpoint.* off)"
-                   if c.every_steps or c.every_minutes or c.mtbf_hours or c.at_end else
                    "runs the dense part by gradient reductions; not with sync.dense = local:H"
                    if local_period(self.sync.dense) else "")
             if why:

@@ -47,7 +47,6 @@ from hpctrain.runtime.topology import shard_range
 from hpctrain.runtime.world import Topology
 from hpctrain.sync.types import SyncModel
 from hpctrain.train import checkpoint as ckpt
-from hpctrain.train import checkpointing
 from hpctrain.train.checkpoint_rows import SavedRows
 from hpctrain.train.dense_dp import ReplicatedDense
 from hpctrain.train.dense_grid import GridDense, NoTables, wants_model_parallel
@@ -103,7 +102,7 @@ def build_worker(config: JobConfig, topo: Topology, dataset: Dataset, layout: Ta
     full = job is not None and config.ps.mode == "full"
     guard = NonFiniteGuard(tc.on_nonfinite, None if full else comm)
     if wants_model_parallel(config.parallel):
-        return _grid_worker(config, topo, layout, guard)
+        return _grid_worker(config, topo, layout, guard, manifest)
     stats: StepStats[StepWork] = StepStats()
     stats.add("samples", lambda work: [work.count])
     stats.add("loss", lambda work: [work.loss_sum])
@@ -186,18 +185,20 @@ def _replicated(config: JobConfig, model: DLRM, guard: NonFiniteGuard, group: Gr
 
 def _restore(engine: DenseEngine, store: EmbeddingStore, manifest: ckpt.Manifest) -> None:
     """Dense state, then the store's rows and clock, from ``manifest``."""
-    checkpointing.read_dense(Path(manifest.path), *engine.state())
+    engine.restore(Path(manifest.path))
     store.restore(SavedRows(manifest))
 
 
 def _grid_worker(config: JobConfig, topo: Topology, layout: TableLayout,
-                 guard: NonFiniteGuard) -> WorkerParts:
+                 guard: NonFiniteGuard, manifest: ckpt.Manifest | None) -> WorkerParts:
     """Tensor/pipeline parallel: tables replicated over stage 0's data group."""
     groups = parallel_groups(topo.grid, communicators(topo))
     engine = GridDense(config, topo, groups, layout, guard)
     tc = config.train
     store = (ReplicatedTables(LocalTables(layout, sparse_optimizer(tc), seed=tc.seed),
                               groups.data) if engine.stage == 0 else NoTables(layout.dim))
+    if manifest is not None:
+        _restore(engine, store, manifest)
     return WorkerParts(engine, store, EmbeddingCollection(layout, store, topo.device), guard,
                        layout, "", lambda: Counters(None, None), None, None)
 

@@ -3,7 +3,8 @@
 Layout of ``RUN_DIR/checkpoints/step-00000200/``:
 
 - ``dense.h5`` (worker 0): the dense parameters (``param/<i>``), the dense optimizer state
-  (``optim/<i>``) and torch's RNG state;
+  (``optim/<i>``) and torch's RNG state; with tensor/pipeline parallelism one
+  ``dense-stage<p>-tensor<t>.h5`` per stage and tensor shard instead (its first replica's);
 - ``tables.h5`` (worker 0, replicated tables) or ``shard-<s>.h5`` (server ``s``): row files.
   Each holds ``rows`` (int64 global row ids), ``weight`` (float32 [n, dim]) and ``state``
   (float32 [n, optimizer state width]); any holder can load any file, so a checkpoint restores
@@ -68,7 +69,8 @@ class Manifest:
         return next((f for f in self.files if f.name == name), None)
 
     def row_files(self) -> list[str]:
-        return [f.name for f in self.files if f.name != "dense.h5"]
+        """The files holding embedding rows (all but the dense ones)."""
+        return [f.name for f in self.files if not f.name.startswith("dense")]
 
 
 def step_dir(run_dir: str | os.PathLike[str], step: int) -> Path:

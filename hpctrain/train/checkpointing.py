@@ -96,10 +96,22 @@ def shape_of(config: JobConfig, layout: TableLayout) -> dict[str, str]:
             "model.top_mlp": str(m.top_mlp), "train.optimizer": config.train.optimizer,
             "train.sparse_optimizer": config.train.table_optimizer,
             "ps.mode": config.ps.mode if config.ps.servers else "replicated",
+            # tensor/pipeline parallel: one dense file per (stage, tensor shard)
+            "dense layout": _dense_layout(config),
             # the data position is the step: these must not change under a resume
             "train.batch_size": str(config.train.batch_size),
             "train.accumulate": str(config.train.accumulate),
             **{f"data.{key}": json.dumps(getattr(config.data, key)) for key in _DATA_KEYS}}
+
+
+def _dense_layout(config: JobConfig) -> str:
+    """The dense files a checkpoint holds: one, or one per (stage, tensor shard), whose
+    split the cuts (balanced from ``model.top_mlp`` when empty) decide."""
+    par = config.parallel
+    if par.tp * par.pp == 1:
+        return "whole"
+    return (f"parallel.tp = {par.tp}, parallel.pp = {par.pp}, parallel.stage_cuts = "
+            f"{list(par.stage_cuts)}")
 
 
 _DATA_KEYS = ("source", "paths", "eval_paths", "eval_fraction", "train_samples",
@@ -150,8 +162,9 @@ def _check_visible(folder: Path, entry: ckpt.FileEntry, rank: int) -> None:
                               f"match its size or SHA-256 as rank 0 reads it")
 
 
-def write_dense(folder: Path, params: list[torch.Tensor],
+def write_dense(path: Path, params: list[torch.Tensor],
                 optim_state: list[torch.Tensor]) -> ckpt.FileEntry:
+    """Write parameters, optimizer state and torch's RNG state to ``path`` atomically."""
     def fill(f: h5py.File) -> None:
         f.attrs["format"] = ckpt.FORMAT
         f.attrs["kind"] = "dense"
@@ -161,12 +174,12 @@ def write_dense(folder: Path, params: list[torch.Tensor],
             f.create_dataset(f"optim/{i}", data=s.detach().cpu().numpy())
         f.create_dataset("torch_rng", data=torch.get_rng_state().numpy())
 
-    return ckpt.write_atomic(folder / "dense.h5", fill)
+    return ckpt.write_atomic(path, fill)
 
 
-def read_dense(folder: Path, params: list[torch.Tensor],
+def read_dense(path: Path, params: list[torch.Tensor],
                optim_state: list[torch.Tensor]) -> None:
-    path = folder / "dense.h5"
+    """Copy what :func:`write_dense` wrote to ``path`` into the given tensors."""
     try:
         with h5py.File(path, "r") as f, torch.no_grad():
             for i, p in enumerate(params):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -23,6 +24,8 @@ from hpctrain.data.types import Batch
 from hpctrain.models.dlrm import DLRM
 from hpctrain.parallel.data import DataParallel
 from hpctrain.runtime import trace
+from hpctrain.train import checkpoint as ckpt
+from hpctrain.train.checkpointing import read_dense, write_dense
 from hpctrain.train.engine import DenseEngine, DenseTraffic, Embed, Reduced, StepWork
 from hpctrain.train.nonfinite import NonFiniteGuard
 from hpctrain.train.optim import DenseOptimizer
@@ -100,6 +103,21 @@ class ReplicatedDense(LocalDense):
 
     def state(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         return self.dp.params, self.optimizer.state
+
+    def save(self, folder: Path, lead: bool) -> list[ckpt.FileEntry]:
+        """ZeRO's state is written unsharded (collective over the group)."""
+        if not isinstance(self.optimizer, ZeroOptimizer):
+            return super().save(folder, lead)
+        state = self.optimizer.gathered_state()
+        return [write_dense(folder / "dense.h5", self.dp.params, state)] if lead else []
+
+    def restore(self, folder: Path) -> None:
+        if isinstance(self.optimizer, ZeroOptimizer):
+            state = self.optimizer.empty_full_state()
+            read_dense(folder / "dense.h5", self.dp.params, state)
+            self.optimizer.keep_shard(state)
+        else:
+            super().restore(folder)
 
     def buckets(self) -> int:
         """Gradient buckets of the allreduce (the fused layout's size)."""

@@ -10,13 +10,16 @@ Every rank builds the whole DLRM from ``train.seed`` (the dense part is small) a
 its stage's shard, so the parallel model starts from the single-process parameters and,
 with every update an exact mean over the global batch, follows the same trajectory up to
 float rounding. Embedding tables live on stage 0 only, replicated over its data group (each
-tensor rank of stage 0 keeps an identical replica, updated identically).
+tensor rank of stage 0 keeps an identical replica, updated identically). A checkpoint holds
+one dense file per (stage, tensor shard), so it resumes onto the same ``tp``, ``pp`` and
+cuts with any ``dp``.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -35,6 +38,8 @@ from hpctrain.parallel.pipeline import micro_sizes
 from hpctrain.parallel.stages import layers_of
 from hpctrain.runtime.topology import shard_range
 from hpctrain.runtime.world import Topology
+from hpctrain.train import checkpoint as ckpt
+from hpctrain.train.checkpointing import read_dense, write_dense
 from hpctrain.train.engine import DenseEngine, DenseTraffic, Embed, Reduced, StepWork
 from hpctrain.train.nonfinite import NonFiniteGuard
 from hpctrain.train.optim import DenseOptimizer
@@ -145,6 +150,18 @@ class GridDense(DenseEngine):
 
     def state(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         return list(self.module.parameters()), self.optimizer.state
+
+    def save(self, folder: Path, lead: bool) -> list[ckpt.FileEntry]:
+        """The first replica of every (stage, tensor shard) writes that shard's file; the
+        other replicas hold the same state."""
+        return [write_dense(folder / self._file, *self.state())] if self.replica == 0 else []
+
+    def restore(self, folder: Path) -> None:
+        read_dense(folder / self._file, *self.state())
+
+    @property
+    def _file(self) -> str:
+        return f"dense-stage{self.stage}-tensor{self.shard}.h5"
 
     def buckets(self) -> int:
         return len(self.engine.dp.fused.buckets)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -21,6 +22,8 @@ from torch import nn
 
 from embeddings.collection import Lookup
 from hpctrain.data.types import Batch
+from hpctrain.train import checkpoint as ckpt
+from hpctrain.train.checkpointing import read_dense, write_dense
 
 __all__ = ["DenseEngine", "DenseTraffic", "Embed", "Reduced", "StepWork"]
 
@@ -104,7 +107,17 @@ class DenseEngine(ABC):
 
     @abstractmethod
     def state(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """(parameters, optimizer state) as a checkpoint's dense part holds them."""
+        """This rank's (parameters, optimizer state)."""
+
+    def save(self, folder: Path, lead: bool) -> list[ckpt.FileEntry]:
+        """Write the dense part of the checkpoint in ``folder``: here worker 0 (``lead``)
+        writes ``dense.h5``, the state being the same on every worker. Collective over the
+        workers where a layout shards its state."""
+        return [write_dense(folder / "dense.h5", *self.state())] if lead else []
+
+    def restore(self, folder: Path) -> None:
+        """Read the dense part of the checkpoint in ``folder`` (as :meth:`save` wrote it)."""
+        read_dense(folder / "dense.h5", *self.state())
 
     def buckets(self) -> int:
         """Buckets the gradients are allreduced in (0 where they are not)."""

@@ -32,12 +32,28 @@ import torch
 from embeddings.optim import SparseOptimizer
 from hpctrain.config import TrainConfig
 
-__all__ = ["DenseOptimizer", "DENSE_OPTIMIZERS", "clip_grad_norm", "scaled_lr",
-           "scheduled_lr", "sparse_optimizer"]
+__all__ = ["DenseOptimizer", "DENSE_OPTIMIZERS", "clip_grad_norm", "empty_state",
+           "scaled_lr", "scheduled_lr", "sparse_optimizer", "state_groups"]
 
 DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam", "adamw", "lars", "lamb")
 
 _ADAGRAD_EPS = 1e-10
+_COUNTED = ("adam", "adamw", "lamb")  # optimizers whose state ends with the step count
+
+
+def state_groups(kind: str, momentum: float) -> int:
+    """Per-parameter tensors of ``kind``'s state: 0, 1 (accumulator or momentum) or 2
+    (Adam's moments)."""
+    if kind in _COUNTED:
+        return 2
+    return int(kind == "adagrad" or (kind in ("sgd", "lars") and momentum > 0))
+
+
+def empty_state(params: list[torch.Tensor], kind: str, momentum: float) -> list[torch.Tensor]:
+    """``kind``'s initial state over ``params``: :func:`state_groups` lists of zeros shaped
+    like them, then (Adam, AdamW, LAMB) the step count."""
+    state = [torch.zeros_like(p) for _ in range(state_groups(kind, momentum)) for p in params]
+    return [*state, torch.zeros(1, dtype=torch.float64)] if kind in _COUNTED else state
 
 
 class DenseOptimizer:
@@ -62,14 +78,8 @@ class DenseOptimizer:
         self.clip_norm = clip_norm
         self.last_norm = float("nan")
         """Global gradient norm before clipping, at the last step (with ``clip_norm``)."""
-        zeros = [torch.zeros_like(p) for p in self.params]
-        self._steps = torch.zeros(1, dtype=torch.float64)
-        if kind == "adagrad" or (kind in ("sgd", "lars") and momentum):
-            self.state = zeros
-        elif kind in ("adam", "adamw", "lamb"):
-            self.state = [*zeros, *(torch.zeros_like(p) for p in self.params), self._steps]
-        else:
-            self.state = []
+        self.state = empty_state(self.params, kind, momentum)
+        self._steps = self.state[-1] if kind in _COUNTED else None  # Adam's step count
 
     @classmethod
     def from_config(cls, params: Iterable[torch.nn.Parameter],

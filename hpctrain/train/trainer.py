@@ -152,7 +152,7 @@ class Trainer:
         folder = ckpt.step_dir(self.config.train.run_dir, step)
         out = RowFiles(folder, lead=self.comm.Get_rank() == 0)
         self.store.save(out)
-        files = [checkpointing.write_dense(folder, *self.engine.state())] if out.lead else []
+        files = self.engine.save(folder, out.lead)
         manifest = None
         if self.topo.rank == 0:
             manifest = checkpointing.new_manifest(

@@ -12,6 +12,10 @@ reduction is not yet a reduce-scatter, which ZeRO-2 would make it).
 
 The updates are element-wise, so the result equals the unsharded optimizer's to float
 tolerance; LARS and LAMB need whole-layer norms and are refused (:mod:`hpctrain.config`).
+
+A checkpoint holds the state unsharded, as the plain optimizer's (:meth:`gathered_state`,
+one ``allgather`` per state tensor group while it is written; :meth:`keep_shard` on
+resume), so a ZeRO run resumes onto any number of workers, with or without ZeRO.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from hpctrain.comm import allgather
 from hpctrain.comm.types import chunk_bounds
 from hpctrain.config import TrainConfig
 from hpctrain.parallel.data import DataParallel
-from hpctrain.train.optim import DenseOptimizer, clip_grad_norm
+from hpctrain.train.optim import DenseOptimizer, clip_grad_norm, empty_state, state_groups
 
 __all__ = ["ZeroOptimizer"]
 
@@ -52,6 +56,9 @@ class ZeroOptimizer:
                                     nesterov=tc.nesterov, weight_decay=tc.weight_decay,
                                     betas=tc.betas, eps=tc.eps)
         self.flat = torch.empty(total, dtype=torch.float32, device=self.params[0].device)
+        self.pieces = pieces
+        self.groups = state_groups(tc.optimizer, tc.momentum)
+        self.kind, self.momentum = tc.optimizer, tc.momentum
 
     @property
     def state(self) -> list[torch.Tensor]:
@@ -77,3 +84,41 @@ class ZeroOptimizer:
         for p in self.params:
             p.copy_(self.flat[offset: offset + p.numel()].view_as(p))
             offset += p.numel()
+
+    def gathered_state(self) -> list[torch.Tensor]:
+        """The plain optimizer's state over all the parameters, assembled from every
+        worker's shard (collective over the group: one ``allgather`` per tensor group)."""
+        full = empty_state(self.params, self.kind, self.momentum)
+        lo, hi = self.shard
+        n = len(self.pieces)
+        for g in range(self.groups):
+            flat = torch.zeros_like(self.flat)
+            if n:
+                flat[lo:hi].copy_(torch.cat([t.view(-1) for t in self.inner.state[g * n:
+                                                                                  (g + 1) * n]]))
+            allgather(flat, comm=self.group)
+            offset = 0
+            for t in full[g * len(self.params): (g + 1) * len(self.params)]:
+                t.copy_(flat[offset: offset + t.numel()].view_as(t))
+                offset += t.numel()
+        if len(full) > self.groups * len(self.params):  # the step count, the same everywhere
+            full[-1].copy_(self.inner.state[-1])
+        return full
+
+    def empty_full_state(self) -> list[torch.Tensor]:
+        """Zeros shaped as :meth:`gathered_state`'s result, for a checkpoint to fill."""
+        return empty_state(self.params, self.kind, self.momentum)
+
+    @torch.no_grad()
+    def keep_shard(self, full: list[torch.Tensor]) -> None:
+        """Take this worker's shard of the unsharded state ``full``."""
+        lo, _ = self.shard
+        n, count = len(self.pieces), len(self.params)
+        for g in range(self.groups):
+            flat = torch.cat([t.reshape(-1) for t in full[g * count: (g + 1) * count]])
+            offset = lo
+            for t in self.inner.state[g * n: (g + 1) * n]:
+                t.view(-1).copy_(flat[offset: offset + t.numel()])
+                offset += t.numel()
+        if len(full) > self.groups * count:
+            self.inner.state[-1].copy_(full[-1])

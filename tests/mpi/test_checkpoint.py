@@ -42,14 +42,17 @@ def resume(run_dir: Path, ranks: int) -> str:
     return result.stdout
 
 
-def final_state(run_dir: Path, step: int = 8) -> dict[str, np.ndarray]:
-    """Every row (sorted by global id) with its state, and the dense parameters."""
+def final_state(run_dir: Path, step: int = 8, dense: bool = True) -> dict[str, np.ndarray]:
+    """Every row (sorted by global id) with its state, and the dense parameters (of
+    ``dense.h5``, when ``dense``)."""
     manifest = ckpt.read_manifest(ckpt.step_dir(run_dir, step))
     parts = list(ckpt.read_rows(Path(manifest.path), manifest.row_files()))
     rows = np.concatenate([p[0] for p in parts])
     order = np.argsort(rows)
     state = {"rows": rows[order], "weight": np.concatenate([p[1] for p in parts])[order],
              "state": np.concatenate([p[2] for p in parts])[order]}
+    if not dense:
+        return state
     with h5py.File(Path(manifest.path) / "dense.h5") as f:
         for name, item in f["param"].items():
             state[f"param/{name}"] = item[()]
@@ -220,3 +223,67 @@ def test_sigusr1_stops_with_a_checkpoint_and_the_resumed_run_is_bitwise_equal(tm
     assert ckpt.latest(run_dir).step == stopped
     resume(run_dir, 2)
     assert_identical(final_state(run_dir, steps), final_state(tmp_path / "whole", steps))
+
+
+def dense_files(run_dir: Path, step: int) -> dict[str, np.ndarray]:
+    """Every dense dataset of checkpoint ``step``, keyed by file and name."""
+    out = {}
+    for path in sorted(ckpt.step_dir(run_dir, step).glob("dense*.h5")):
+        with h5py.File(path) as f:
+            f.visititems(lambda name, item, p=path: out.__setitem__(
+                f"{p.name}/{name}", item[()]) if isinstance(item, h5py.Dataset) else None)
+    return out
+
+
+def test_tensor_and_pipeline_parallel_runs_resume_bitwise(tmp_path):
+    """pp = 3 over 3 ranks and tp = 2 over 2: one dense file per (stage, tensor shard); a
+    run resumed from step 4 ends bitwise where the straight run ends; another grid is
+    refused, naming it."""
+    job = [*JOB[:-4], "--set", "train.optimizer='adam'", "--set", "train.lr=0.01"]
+    for ranks, grid, files in ((3, "parallel.pp=3", 3), (2, "parallel.tp=2", 2)):
+        straight, cut = tmp_path / f"a{ranks}", tmp_path / f"b{ranks}"
+        for run_dir, steps in ((straight, 8), (cut, 4)):
+            result = run_mpi([*HPCTRAIN, *job, "--set", grid, "--set", f"train.steps={steps}",
+                              "--set", f"train.run_dir={str(run_dir)!r}"], ranks=ranks,
+                             timeout=180)
+            assert result.returncode == 0, result.stdout
+        result = run_mpi([*HPCTRAIN, "--resume", str(cut), "--set", "train.steps=8"],
+                         ranks=ranks, timeout=180)
+        assert result.returncode == 0 and "(step 4)" in result.stdout, result.stdout
+        reference = dense_files(straight, 8)
+        assert len({key.split("/")[0] for key in reference}) == files
+        assert_identical(dense_files(cut, 8), reference)
+        assert_identical(final_state(cut, 8, dense=False), final_state(straight, 8, dense=False))
+    other = run_mpi([*HPCTRAIN, "--resume", str(tmp_path / "b2"), "--set", "parallel.tp=1",
+                     "--set", "parallel.pp=2", "--set", "train.steps=12"], ranks=2, timeout=60)
+    assert other.returncode == 2, other.stdout
+    assert "dense layout = parallel.tp = 2, parallel.pp = 1" in other.stdout, other.stdout
+
+
+def test_zero_checkpoints_hold_the_unsharded_state(tmp_path):
+    """ZeRO-1 writes the plain optimizer's state: a 2-worker run resumed from step 4 ends
+    bitwise as the straight run, and the same checkpoint resumes onto 3 ZeRO workers and
+    onto plain data parallelism, close to it."""
+    adam = ["--set", "train.optimizer='adamw'", "--set", "train.lr=0.01", "--set",
+            "train.weight_decay=0.01", "--set", "ps.servers=0"]
+    zero = [*adam, "--set", "train.zero=1"]
+    straight, cut = tmp_path / "a", tmp_path / "b"
+    train(straight, 2, *zero)
+    train(cut, 2, *zero, "--set", "train.steps=4")
+    plain, wider = tmp_path / "plain", tmp_path / "wider"
+    shutil.copytree(cut, plain)
+    shutil.copytree(cut, wider)
+    reference = final_state(straight)
+    with h5py.File(ckpt.step_dir(cut, 4) / "dense.h5") as f:
+        assert len(f["optim"]) == 2 * len(f["param"]) + 1  # unsharded m, v and the count
+    for run_dir, ranks, extra in ((cut, 2, ()), (wider, 3, ()), (plain, 2, ("train.zero=0",))):
+        result = run_mpi([*HPCTRAIN, "--resume", str(run_dir), "--set", "train.steps=8",
+                          *(a for key in extra for a in ("--set", key))], ranks=ranks,
+                         timeout=180)
+        assert result.returncode == 0 and "(step 4)" in result.stdout, result.stdout
+    assert_identical(final_state(cut), reference)
+    for run_dir in (wider, plain):
+        got = final_state(run_dir)
+        for key in reference:
+            np.testing.assert_allclose(got[key], reference[key], rtol=1e-4, atol=1e-6,
+                                       err_msg=f"{run_dir.name} {key}")

@@ -110,11 +110,12 @@ def test_prune_keeps_the_newest_complete(tmp_path):
 def test_cadence_and_young_daly():
     # 5-minute writes, 1,024 GPUs of 50,000 h MTBF each: about 171 minutes (BACKGROUND.md)
     assert abs(ckpt.young_daly_s(300.0, 50_000 / 1024) / 60 - 171.2) < 0.1
-    config = load_config(overrides=["checkpoint.every_steps=3"]).checkpoint
+    config = load_config(overrides=["checkpoint.every_steps=3", "checkpoint.every_minutes=0",
+                                    "checkpoint.at_end=false"]).checkpoint
     cadence = checkpointing.Cadence(config, comm=None)
     assert [d for d in range(1, 10) if cadence.due(d, final=False)] == [3, 6, 9]
     assert not cadence.due(10, final=True)
-    at_end = checkpointing.Cadence(load_config(overrides=["checkpoint.at_end=true"]).checkpoint,
+    at_end = checkpointing.Cadence(load_config(overrides=["checkpoint.every_minutes=0"]).checkpoint,
                                    comm=None)
     assert at_end.due(10, final=True) and not at_end.due(9, final=False)
     daly = checkpointing.Cadence(load_config(overrides=["checkpoint.mtbf_hours=1.0"]).checkpoint,
@@ -164,3 +165,10 @@ def test_resume_refuses_what_would_shift_the_data_position(tmp_path):
                                                       "has 10")):
         with pytest.raises(CheckpointError, match=words):
             checkpointing.check_compatible(manifest, load_config(overrides=[override]), layout)
+
+
+def test_checkpoints_are_on_by_default():
+    """A queue job checkpoints without being asked: every 30 minutes and at the end."""
+    cadence = checkpointing.Cadence(load_config().checkpoint, comm=None)
+    assert cadence.enabled and cadence.interval_s() == 1800.0
+    assert cadence.due(7, final=True) and not cadence.due(7, final=False)
