@@ -89,7 +89,7 @@ class Trainer:
                                      sc.straggle_probability, sc.straggle_factor,
                                      sc.straggler_seed)
         self.step_s: list[float] = []
-        self.eval_s = 0.0  # periodic held-out evaluations, kept out of the run's clock
+        self.paused_s = 0.0  # evaluations and checkpoint writes, kept out of the run's clock
         self.lr_factor = lr_factor(sc.model, sc.ssp_lr)
         self.cadence = checkpointing.Cadence(config.checkpoint, self.comm)
         self.parts = build_worker(config, topo, self.dataset, self.layout, job, models,
@@ -162,6 +162,7 @@ class Trainer:
                              self.config.checkpoint.keep)
         ended = time.perf_counter()
         self._timed("checkpoint", started, ended, step)
+        self.paused_s += ended - started
         self.cadence.saved(ended - started)
 
     # -- one step --------------------------------------------------------------------------
@@ -345,7 +346,7 @@ class Trainer:
             done = step + 1
             if run and (done % tc.log_every == 0 or done == self.steps):
                 summary.train_loss = window_loss / window_n if window_n else float("nan")
-                elapsed = time.perf_counter() - start - self.eval_s
+                elapsed = time.perf_counter() - start - self.paused_s
                 run.log({"step": done, "samples": summary.samples, "time_s": elapsed,
                          "train_loss": summary.train_loss, "lr": self.learning_rate(step),
                          "samples_per_s": summary.samples / elapsed})
@@ -362,7 +363,7 @@ class Trainer:
                 summary.stopped_at = done
                 break
         bar.close()
-        return self._summarize(summary, time.perf_counter() - start - self.eval_s)
+        return self._summarize(summary, time.perf_counter() - start - self.paused_s)
 
     def _summarize(self, summary: Summary, wall_s: float) -> Summary:
         """Fill ``summary`` after the loop: the final evaluation, traffic and every worker's
@@ -405,9 +406,9 @@ class Trainer:
         started = time.perf_counter()
         result = self.evaluate(self.config.train.eval_subset)
         if self.run:
-            self.run.log({"step": step, "samples": samples, "time_s": elapsed - self.eval_s,
+            self.run.log({"step": step, "samples": samples, "time_s": elapsed - self.paused_s,
                           **{f"heldout_{k}": v for k, v in result.items()}})
-        self.eval_s += time.perf_counter() - started
+        self.paused_s += time.perf_counter() - started
 
     def _log_eval(self, step: int) -> dict[str, float]:
         result = self.evaluate()
