@@ -391,10 +391,12 @@ def _bench_data(args: argparse.Namespace, config: JobConfig, topo: Topology | No
 
 def _compare_sync(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -> int:
     from hpctrain.experiments.compare import compare_sync, format_comparison
+    from hpctrain.runtime.waits import Wait
     from hpctrain.train.rundir import default_run_dir
 
     out = args.out or default_run_dir().replace("runs/", "runs/compare-")
-    out = topo.world.bcast(out, root=0)
+    with Wait("bcast", topo.world):
+        out = topo.world.bcast(out, root=0)
     result = compare_sync(config, topo, args.models, out, args.target_loss, args.repeats)
     if result is not None and args.repeats > 1:
         from hpctrain.experiments.report import format_report

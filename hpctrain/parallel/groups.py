@@ -112,18 +112,32 @@ class MPIGroup(Group):
         return pending
 
 
+class _TorchWork:
+    """A torch.distributed work item whose ``wait`` the watchdog watches (the call
+    releases the GIL, so the watchdog's thread runs meanwhile)."""
+
+    def __init__(self, work: Any, op: str, comm: MPI.Comm, peers: Sequence[int]) -> None:
+        self.work, self.op, self.comm, self.peers = work, op, comm, tuple(peers)
+
+    def wait(self) -> None:
+        with Wait(self.op, self.comm, self.peers):
+            self.work.wait()
+
+
 class TorchGroup(Group):
     """A torch.distributed process group (a gloo or NCCL backend made on the job's
     :class:`~hpctrain.runtime.torchdist.Rendezvous`, not registered with a default group):
-    its own methods are called, with group ranks.
+    its own methods are called, with group ranks, which are those of ``comm``, the MPI
+    communicator of the same members, in whose name the watchdog records each wait.
 
     Construction is collective over the members: one ``allreduce``, because a group's first
     call must involve every member before it carries point-to-point traffic (NCCL creates
     its communicator then).
     """
 
-    def __init__(self, group: Any, rank: int, size: int) -> None:
-        self.group, self.rank, self.size = group, rank, size
+    def __init__(self, group: Any, comm: MPI.Intracomm) -> None:
+        self.group, self.comm = group, comm
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.nccl = group.name() == "nccl"
         self.device = torch.device("cuda", torch.cuda.current_device()) if self.nccl else None
         self.all_reduce(torch.zeros(1, device=self.device))
@@ -133,7 +147,7 @@ class TorchGroup(Group):
         if self.size > 1:
             opts = dist.AllreduceOptions()
             opts.reduceOp = _TORCH_OPS[op]
-            self.group.allreduce([tensor], opts).wait()
+            _TorchWork(self.group.allreduce([tensor], opts), "allreduce", self.comm, ()).wait()
         return tensor
 
     def all_gather(self, tensor: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
@@ -143,7 +157,8 @@ class TorchGroup(Group):
         width = max(sizes)
         padded = torch.nn.functional.pad(tensor.detach(), (0, width - tensor.shape[-1]))
         parts = [torch.empty_like(padded) for _ in range(self.size)]
-        self.group.allgather([parts], [padded.contiguous()]).wait()
+        _TorchWork(self.group.allgather([parts], [padded.contiguous()]), "allgather",
+                   self.comm, ()).wait()
         return torch.cat([p[..., :n] for p, n in zip(parts, sizes, strict=True)], dim=-1)
 
     def broadcast(self, tensor: torch.Tensor, root: int) -> torch.Tensor:
@@ -151,7 +166,7 @@ class TorchGroup(Group):
         if self.size > 1:
             opts = dist.BroadcastOptions()
             opts.rootRank = root
-            self.group.broadcast([tensor], opts).wait()
+            _TorchWork(self.group.broadcast([tensor], opts), "bcast", self.comm, ()).wait()
         return tensor
 
     def post(self, sends: Sequence[tuple[torch.Tensor, int]],
@@ -163,10 +178,14 @@ class TorchGroup(Group):
         coalesce = self.nccl and self.group.supports_coalescing
         if coalesce:
             self.group._start_coalescing(self.device)
-        works = [self.group.send([t.detach().contiguous()], peer, 0) for t, peer in sends]
-        works += [self.group.recv([t], peer, 0) for t, peer in recvs]
+        works = [_TorchWork(self.group.send([t.detach().contiguous()], peer, 0), "send",
+                            self.comm, (peer,)) for t, peer in sends]
+        works += [_TorchWork(self.group.recv([t], peer, 0), "recv", self.comm, (peer,))
+                  for t, peer in recvs]
         if coalesce:
-            return [self.group._end_coalescing(self.device)]
+            peers = [peer for _, peer in [*sends, *recvs]]
+            return [_TorchWork(self.group._end_coalescing(self.device), "send", self.comm,
+                               peers)]
         return works
 
 
@@ -201,10 +220,9 @@ def parallel_groups(grid: GridComms, owner: Communicators) -> ParallelGroups:
         return ParallelGroups(MPIGroup(tensor), MPIGroup(pipeline), comms["data"], data,
                               owner, [data, tensor, pipeline])
     tg = grid.torch_groups
-    return ParallelGroups(
-        TorchGroup(tg["tensor"], comms["tensor"].Get_rank(), comms["tensor"].Get_size()),
-        TorchGroup(tg["pipeline"], comms["pipeline"].Get_rank(), comms["pipeline"].Get_size()),
-        comms["data"], data, owner, [data])
+    return ParallelGroups(TorchGroup(tg["tensor"], comms["tensor"]),
+                          TorchGroup(tg["pipeline"], comms["pipeline"]), comms["data"], data,
+                          owner, [data])
 
 
 def _host(tensor: torch.Tensor) -> np.ndarray:

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from hpctrain.runtime.env import allocation, mpi_library
+from hpctrain.runtime.waiting import watching
 from hpctrain.runtime.world import Topology, available_cores
 
 __all__ = ["collect_info", "format_info"]
@@ -18,7 +19,8 @@ def collect_info(topo: Topology) -> list[dict[str, Any]] | None:
             "local_size": topo.local_size, "role": topo.role, "device": str(topo.device),
             "threads": topo.threads, "cores": available_cores(),
             "allocation": allocation()}
-    return topo.world.gather(mine, root=0)
+    with watching("gather", topo.world):
+        return topo.world.gather(mine, root=0)
 
 
 def format_info(ranks: list[dict[str, Any]]) -> str:

@@ -33,6 +33,7 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 from hpctrain.errors import CommError
+from hpctrain.runtime.waiting import watching
 
 __all__ = ["Rendezvous", "listen_address", "TIMEOUT"]
 
@@ -62,7 +63,8 @@ class Rendezvous:
 
     def __init__(self, comm: MPI.Intracomm, timeout: datetime.timedelta = TIMEOUT) -> None:
         self.rank, self.size, self.timeout = comm.Get_rank(), comm.Get_size(), timeout
-        hostnames = comm.allgather(socket.gethostname())
+        with watching("allgather", comm):
+            hostnames = comm.allgather(socket.gethostname())
         self.single_host = len(set(hostnames)) == 1
         fd, address = None, None
         if self.rank == 0:
@@ -75,7 +77,8 @@ class Rendezvous:
             if listener is not None:
                 address = (host, listener.getsockname()[1], secrets.token_hex(8))
                 fd = listener.detach()  # the store owns the socket from here on
-        host, port, prefix = comm.bcast(address, root=0)
+        with watching("bcast", comm):
+            host, port, prefix = comm.bcast(address, root=0)
         if not port:
             raise CommError(f"torch.distributed rendezvous on rank 0: {host}")
         self.host, self.port, self.prefix = host, port, prefix
@@ -83,7 +86,8 @@ class Rendezvous:
                               wait_for_workers=False, master_listen_fd=fd)
         self.store = dist.PrefixStore(f"hpctrain/{prefix}", store)
         self._scopes = 0
-        comm.Barrier()  # every rank has connected before any may drop the store
+        with watching("barrier", comm):  # every rank has connected before any drops the store
+            comm.Barrier()
 
     def scope(self) -> str:
         """A fresh key namespace for a set of groups; every rank calls it in the same order

@@ -21,6 +21,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from hpctrain.runtime.durable import fsync_path
+from hpctrain.runtime.waiting import watching
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -111,7 +112,8 @@ def start(path: str, world: MPI.Intracomm, role: str) -> None:
     """Start recording on every rank of ``world`` (collective: a barrier sets the common
     time origin); ``role`` names this rank's process in the file."""
     global _recorder
-    world.Barrier()
+    with watching("barrier", world):
+        world.Barrier()
     _recorder = _Recorder(path, world.Get_rank(), role)
 
 
@@ -122,7 +124,8 @@ def finish(world: MPI.Intracomm) -> str | None:
     recorder, _recorder = _recorder, None
     if recorder is None:
         return None
-    gathered = world.gather(_events(recorder), root=0)
+    with watching("gather", world):
+        gathered = world.gather(_events(recorder), root=0)
     if world.Get_rank() != 0:
         return None
     events = [e for part in gathered for e in part]

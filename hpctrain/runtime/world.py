@@ -34,6 +34,7 @@ from hpctrain.runtime.topology import (
     threads_per_rank,
 )
 from hpctrain.runtime.torchdist import Rendezvous
+from hpctrain.runtime.waiting import watching
 
 __all__ = ["Topology", "GridComms", "build_topology", "build_grid", "available_cores"]
 
@@ -220,9 +221,12 @@ def build_grid(comm: MPI.Intracomm, grid: Grid, rendezvous: Rendezvous | None = 
                           f"needs {grid.size} ranks, the communicator has {comm.Get_size()}")
     rank = comm.Get_rank()
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
-    label = node.allreduce(rank, op=MPI.MIN)
+    with watching("allreduce", node):
+        label = node.allreduce(rank, op=MPI.MIN)
     node.Free()
-    order, local = place_grid(grid, comm.allgather(label)[:grid.size])
+    with watching("allgather", comm):
+        labels = comm.allgather(label)
+    order, local = place_grid(grid, labels[:grid.size])
     position = order.index(rank) if rank in order else None
     if grid.tp > 1 and not local and rank == 0:
         log.warning("tensor groups of %d ranks span nodes: give every node a multiple of %d "

@@ -44,6 +44,7 @@ from hpctrain.parallel.data import DataParallel
 from hpctrain.parallel.groups import parallel_groups
 from hpctrain.runtime.abort import agree
 from hpctrain.runtime.topology import shard_range
+from hpctrain.runtime.waits import Wait
 from hpctrain.runtime.world import Topology
 from hpctrain.sync.types import SyncModel
 from hpctrain.train import checkpoint as ckpt
@@ -158,7 +159,8 @@ def _alltoall_plan(config: JobConfig, layout: TableLayout, group: Group) -> str:
         return made
 
     made = agree(group.comm, plan)
-    return group.comm.bcast(made.to_json() if made else None, root=0)
+    with Wait("bcast", group.comm):
+        return group.comm.bcast(made.to_json() if made else None, root=0)
 
 
 def step_count(config: JobConfig, dataset: Dataset) -> int:

@@ -75,7 +75,8 @@ class TrainingJob:
     def __init__(self, config: JobConfig, topo: Topology, resume: bool = False,
                  dataset: Dataset | None = None) -> None:
         """``dataset`` is the workers' data (opened from ``config.data`` when None)."""
-        run_dir = topo.world.bcast(config.train.run_dir or default_run_dir(), root=0)
+        with Wait("bcast", topo.world):
+            run_dir = topo.world.bcast(config.train.run_dir or default_run_dir(), root=0)
         agree(topo.world, lambda: claim(run_dir, resume) if topo.rank == 0 else None)
         self.config = config = dataclasses.replace(
             config, train=dataclasses.replace(config.train, run_dir=run_dir))
@@ -86,9 +87,12 @@ class TrainingJob:
         self.dataset = agree(topo.world, lambda: (dataset or open_dataset(config.data))
                              if topo.is_worker else None)
         agree_on_inputs(topo.world, config, self.dataset)
-        sizes = topo.world.bcast(self.dataset.table_sizes if topo.rank == 0 else None, root=0)
+        with Wait("bcast", topo.world):
+            sizes = topo.world.bcast(self.dataset.table_sizes if topo.rank == 0 else None,
+                                     root=0)
         self.layout = TableLayout.from_sizes(sizes, config.model.embedding_dim)
-        holders = topo.node.allreduce(int(topo.is_worker != bool(config.ps.servers)))
+        with Wait("allreduce", topo.node):
+            holders = topo.node.allreduce(int(topo.is_worker != bool(config.ps.servers)))
         agree(topo.world, lambda: check_memory(config, sizes, holders, available_memory()))
         self.ps, self.models = None, None
         if config.ps.servers:
@@ -102,9 +106,10 @@ class TrainingJob:
                                    config.train.seed)
         self.manifest = None
         if resume:  # world rank 0 checks; an error there ends the job while the others wait
-            self.manifest = topo.world.bcast(
-                self._resumable(self.ps.layout if self.ps else self.layout)
-                if topo.rank == 0 else None, root=0)
+            with Wait("bcast", topo.world):
+                self.manifest = topo.world.bcast(
+                    self._resumable(self.ps.layout if self.ps else self.layout)
+                    if topo.rank == 0 else None, root=0)
 
     def _resumable(self, layout: TableLayout) -> ckpt.Manifest:
         manifest = ckpt.latest(self.config.train.run_dir)

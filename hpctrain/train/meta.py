@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.runtime.env import allocation, mpi_library
+from hpctrain.runtime.waits import Wait
 from hpctrain.runtime.world import Topology
 from hpctrain.train.rundir import write_text_atomic
 
@@ -38,7 +39,8 @@ def git_commit() -> str | None:
 def collect_meta(topo: Topology) -> dict[str, Any] | None:
     """Every rank's host and role gathered on world rank 0 (``gather`` over the world),
     which returns the meta facts; other ranks get None."""
-    hosts = topo.world.gather((topo.hostname, topo.role), root=0)
+    with Wait("gather", topo.world):
+        hosts = topo.world.gather((topo.hostname, topo.role), root=0)
     if topo.rank != 0:
         return None
     try:

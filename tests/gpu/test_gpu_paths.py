@@ -22,7 +22,7 @@ def nccl():
 
 
 def test_a_one_rank_nccl_group_reduces_on_the_device(nccl):
-    group = TorchGroup(nccl, 0, 1)
+    group = TorchGroup(nccl, MPI.COMM_SELF)
     assert group.nccl
     x = torch.arange(8, dtype=torch.float32, device="cuda")
     group.all_reduce(x)
@@ -32,7 +32,7 @@ def test_a_one_rank_nccl_group_reduces_on_the_device(nccl):
 
 
 def test_tensor_parallel_layers_over_nccl_equal_cpu(nccl):
-    tensor_parallel_layers_match_on_cuda(TorchGroup(nccl, 0, 1))
+    tensor_parallel_layers_match_on_cuda(TorchGroup(nccl, MPI.COMM_SELF))
 
 
 def test_the_torch_allreduce_algorithm_on_a_cuda_tensor():
