@@ -467,7 +467,6 @@ class JobConfig:
             why = ("is not built (ZeRO-1 only)" if tc.zero > 1 else
                    "does not combine with ps.mode = 'full' (the dense state is on the servers)"
                    if self.ps.servers and self.ps.mode == "full" else
-                   "is not built for parallel.tp or pp > 1" if grid > 1 else
                    f"needs whole-layer norms: not built for {tc.optimizer}"
                    if tc.optimizer in ("lars", "lamb") else
                    "runs the dense part by gradient reductions; not with sync.dense = local:H"

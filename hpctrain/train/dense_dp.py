@@ -25,12 +25,11 @@ from hpctrain.models.dlrm import DLRM
 from hpctrain.parallel.data import DataParallel
 from hpctrain.runtime import trace
 from hpctrain.train import checkpoint as ckpt
-from hpctrain.train.checkpointing import read_dense, write_dense
 from hpctrain.train.engine import DenseEngine, DenseTraffic, Embed, Reduced, StepWork
 from hpctrain.train.nonfinite import NonFiniteGuard
 from hpctrain.train.optim import DenseOptimizer
 from hpctrain.train.stats import StepStats
-from hpctrain.train.zero import ZeroOptimizer
+from hpctrain.train.zero import ZeroOptimizer, restore_dense, save_dense
 
 __all__ = ["LocalDense", "ReplicatedDense"]
 
@@ -105,19 +104,11 @@ class ReplicatedDense(LocalDense):
         return self.dp.params, self.optimizer.state
 
     def save(self, folder: Path, lead: bool) -> list[ckpt.FileEntry]:
-        """ZeRO's state is written unsharded (collective over the group)."""
-        if not isinstance(self.optimizer, ZeroOptimizer):
-            return super().save(folder, lead)
-        state = self.optimizer.gathered_state()
-        return [write_dense(folder / "dense.h5", self.dp.params, state)] if lead else []
+        """``dense.h5`` from worker 0 (ZeRO's state unsharded: collective over the group)."""
+        return save_dense(folder / "dense.h5", self.dp.params, self.optimizer, lead)
 
     def restore(self, folder: Path) -> None:
-        if isinstance(self.optimizer, ZeroOptimizer):
-            state = self.optimizer.empty_full_state()
-            read_dense(folder / "dense.h5", self.dp.params, state)
-            self.optimizer.keep_shard(state)
-        else:
-            super().restore(folder)
+        restore_dense(folder / "dense.h5", self.dp.params, self.optimizer)
 
     def buckets(self) -> int:
         """Gradient buckets of the allreduce (the fused layout's size)."""

@@ -39,10 +39,10 @@ from hpctrain.parallel.stages import layers_of
 from hpctrain.runtime.topology import shard_range
 from hpctrain.runtime.world import Topology
 from hpctrain.train import checkpoint as ckpt
-from hpctrain.train.checkpointing import read_dense, write_dense
 from hpctrain.train.engine import DenseEngine, DenseTraffic, Embed, Reduced, StepWork
 from hpctrain.train.nonfinite import NonFiniteGuard
 from hpctrain.train.optim import DenseOptimizer
+from hpctrain.train.zero import ZeroOptimizer, restore_dense, save_dense
 
 __all__ = ["GridDense", "NoTables", "wants_model_parallel", "top_cuts"]
 
@@ -95,7 +95,8 @@ class GridDense(DenseEngine):
         self.module = mine.to(topo.device)
         self.groups = groups
         self.engine = ParallelEngine(self.module, groups, par.schedule, topo.device, config.comm)
-        self.optimizer = DenseOptimizer.from_config(self.module.parameters(), tc)
+        self.optimizer = (ZeroOptimizer(self.engine.dp, tc) if tc.zero else
+                          DenseOptimizer.from_config(self.module.parameters(), tc))
         self.scores_here = self.engine.last and self.shard == 0
         self._reduced: Reduced | None = None
 
@@ -154,10 +155,11 @@ class GridDense(DenseEngine):
     def save(self, folder: Path, lead: bool) -> list[ckpt.FileEntry]:
         """The first replica of every (stage, tensor shard) writes that shard's file; the
         other replicas hold the same state."""
-        return [write_dense(folder / self._file, *self.state())] if self.replica == 0 else []
+        return save_dense(folder / self._file, list(self.module.parameters()), self.optimizer,
+                          self.replica == 0)
 
     def restore(self, folder: Path) -> None:
-        read_dense(folder / self._file, *self.state())
+        restore_dense(folder / self._file, list(self.module.parameters()), self.optimizer)
 
     @property
     def _file(self) -> str:

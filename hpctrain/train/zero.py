@@ -20,15 +20,19 @@ resume), so a ZeRO run resumes onto any number of workers, with or without ZeRO.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from hpctrain.comm import allgather
 from hpctrain.comm.types import chunk_bounds
 from hpctrain.config import TrainConfig
 from hpctrain.parallel.data import DataParallel
+from hpctrain.train import checkpoint as ckpt
+from hpctrain.train.checkpointing import read_dense, write_dense
 from hpctrain.train.optim import DenseOptimizer, clip_grad_norm, empty_state, state_groups
 
-__all__ = ["ZeroOptimizer"]
+__all__ = ["ZeroOptimizer", "save_dense", "restore_dense"]
 
 
 class ZeroOptimizer:
@@ -122,3 +126,23 @@ class ZeroOptimizer:
                 offset += t.numel()
         if len(full) > self.groups * count:
             self.inner.state[-1].copy_(full[-1])
+
+
+def save_dense(path: Path, params: list[torch.Tensor], optimizer: DenseOptimizer | ZeroOptimizer,
+               write: bool) -> list[ckpt.FileEntry]:
+    """Write ``params`` and the optimizer's state to ``path`` where ``write``; ZeRO's state
+    is assembled first, so every member of its group calls this."""
+    state = (optimizer.gathered_state() if isinstance(optimizer, ZeroOptimizer)
+             else optimizer.state)
+    return [write_dense(path, params, state)] if write else []
+
+
+def restore_dense(path: Path, params: list[torch.Tensor],
+                  optimizer: DenseOptimizer | ZeroOptimizer) -> None:
+    """Read what :func:`save_dense` wrote; ZeRO keeps its shard of the state."""
+    if isinstance(optimizer, ZeroOptimizer):
+        state = optimizer.empty_full_state()
+        read_dense(path, params, state)
+        optimizer.keep_shard(state)
+    else:
+        read_dense(path, params, optimizer.state)

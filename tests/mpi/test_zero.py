@@ -1,4 +1,5 @@
-"""ZeRO-1 (train.zero = 1): the same model as plain data parallel, 1/N of the state."""
+"""ZeRO-1 (train.zero = 1): the same model as plain data parallel, 1/N of the state, also
+on the data axis of a tensor/pipeline grid."""
 
 import numpy as np
 import pytest
@@ -44,3 +45,31 @@ def test_zero1_equals_plain_data_parallel(tmp_path):
         per_param = full // total  # Adam: m and v; momentum: one buffer
         assert abs(mine - per_param * total / WORLD.Get_size()) <= per_param
         assert WORLD.allreduce(mine) == full
+
+
+def grid_run(run_dir: str, grid: list[str], zero: int) -> tuple[np.ndarray, Trainer]:
+    config = load_config(overrides=[
+        "data.table_sizes=[50, 200, 1000, 7]", "data.train_samples=3000",
+        "data.eval_samples=300", "model.embedding_dim=8", "model.bottom_mlp=[16, 8]",
+        "model.top_mlp=[16, 1]", "train.progress=false", "train.batch_size=48",
+        "train.steps=6", "train.optimizer='adamw'", "train.lr=0.05",
+        "train.weight_decay=0.01", f"train.zero={zero}", *grid,
+        f"train.run_dir={run_dir!r}"], env={})
+    trainer = Trainer(config, build_topology(config))
+    trainer.fit()
+    return trainer.dense_parameters(), trainer
+
+
+@pytest.mark.mpi(ranks=(4,), timeout=300)
+def test_zero1_on_the_data_axis_of_a_grid(tmp_path):
+    """pp = 2 and tp = 2, each over dp = 2: every (stage, tensor shard) shards its state
+    over its two replicas, and trains the plain grid's model."""
+    shared = WORLD.bcast(str(tmp_path))  # every stage writes its checkpoint file there
+    for grid in (["parallel.pp=2"], ["parallel.tp=2"]):
+        plain, reference = grid_run(f"{shared}/{grid[0]}-plain", grid, 0)
+        sharded, trainer = grid_run(f"{shared}/{grid[0]}-zero", grid, 1)
+        np.testing.assert_allclose(sharded, plain, rtol=1e-5, atol=1e-6, err_msg=grid[0])
+        mine, full = optimizer_values(trainer), optimizer_values(reference)
+        assert abs(mine - full / 2) <= 2, (grid, mine, full)  # m and v: one value each side
+        trainer.close()
+        reference.close()
