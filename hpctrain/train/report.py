@@ -64,6 +64,8 @@ class Summary:
     """Dense synchronisations of worker 0: gradient reductions, or local SGD's averages."""
     stopped_at: int = 0
     """The step after which SIGTERM/SIGUSR1 stopped the run (0: it ran to the end)."""
+    optimizer_state_bytes: list[int] = field(default_factory=list)
+    """Per worker: bytes of dense optimizer state it holds (ZeRO: its shard)."""
 
     @property
     def step_s(self) -> float:
@@ -90,7 +92,8 @@ class Summary:
                 "step_times": [asdict(t) for t in self.step_times],
                 "staleness": self.staleness(), "tiering": [t.as_dict() for t in self.tiering],
                 "dense_reduced_bytes": self.dense_reduced_bytes,
-                "dense_syncs": self.dense_syncs}
+                "dense_syncs": self.dense_syncs,
+                "optimizer_state_bytes": self.optimizer_state_bytes}
 
     def staleness(self) -> dict[str, dict[str, float]]:
         """Per table, over all servers: reads, mean, p99 and max staleness in clocks."""

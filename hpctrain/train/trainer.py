@@ -383,6 +383,7 @@ class Trainer:
             summary.ps_clients = [f.counters.client for f in facts if f.counters.client]
             summary.step_times = [f.step_times for f in facts]
             summary.tiering = [f.counters.tiering for f in facts if f.counters.tiering]
+            summary.optimizer_state_bytes = [f.optimizer_state_bytes for f in facts]
         return summary
 
     def close(self) -> None:
@@ -417,9 +418,10 @@ class Trainer:
         return result
 
     def _rank_facts(self) -> _RankFacts:
+        state = sum(t.numel() * t.element_size() for t in self.engine.state()[1])
         return _RankFacts(peak_rss_bytes() / 2**20, self.dataset.skipped, self.guard.skipped,
                           StepTimes.of(self.step_s, self.stragglers.delayed_s),
-                          self.counters())
+                          self.counters(), state)
 
 
 @dataclass
@@ -431,3 +433,4 @@ class _RankFacts:
     skipped_steps: int
     step_times: StepTimes
     counters: Counters
+    optimizer_state_bytes: int

@@ -22,7 +22,7 @@ def train(tmp_path, zero: int, optimizer: str) -> tuple[np.ndarray, Trainer]:
         "train.clip_norm=0.5", f"train.zero={zero}", *extra,
         f"train.run_dir={str(tmp_path / f'{optimizer}{zero}')!r}"], env={})
     trainer = Trainer(config, build_topology(config))
-    trainer.fit()
+    trainer.summary = trainer.fit()
     return trainer.dense_parameters(), trainer
 
 
@@ -45,6 +45,12 @@ def test_zero1_equals_plain_data_parallel(tmp_path):
         per_param = full // total  # Adam: m and v; momentum: one buffer
         assert abs(mine - per_param * total / WORLD.Get_size()) <= per_param
         assert WORLD.allreduce(mine) == full
+        if WORLD.Get_rank() == 0:  # the summary reports every worker's share, in bytes
+            shares = trainer.summary.optimizer_state_bytes
+            assert len(shares) == WORLD.Get_size()
+            replica = reference.summary.optimizer_state_bytes[0]  # the whole state
+            counts = 8 * (WORLD.Get_size() - 1) * (optimizer == "adamw")  # a step count each
+            assert sum(shares) == replica + counts
 
 
 def grid_run(run_dir: str, grid: list[str], zero: int) -> tuple[np.ndarray, Trainer]:
