@@ -11,8 +11,8 @@ its stage's shard, so the parallel model starts from the single-process paramete
 with every update an exact mean over the global batch, follows the same trajectory up to
 float rounding. Embedding tables live on stage 0 only, replicated over its data group (each
 tensor rank of stage 0 keeps an identical replica, updated identically). A checkpoint holds
-one dense file per (stage, tensor shard), so it resumes onto the same ``tp``, ``pp`` and
-cuts with any ``dp``.
+one dense file per (stage, tensor shard), written by the first replica, so a run resumes
+onto the same ``tp``, ``pp`` and cuts.
 """
 
 from __future__ import annotations
