@@ -59,6 +59,16 @@ def test_shipped_sweep_expands_to_interleaved_seeded_runs(tmp_path):
     assert "#PBS -J 0-17" in (tmp_path / "pbs-3.pbs").read_text()
 
 
+def test_dense_sync_sweep_puts_bf16_and_local_sgd_beside_the_float32_baseline(tmp_path):
+    main(["sweep", str(ROOT / "jobs" / "sweeps" / "dense_sync.toml"), "--out", str(tmp_path)])
+    tasks = json.loads((tmp_path / "sweep.json").read_text())["tasks"]
+    jobs = [load_config(t["job"]) for t in tasks]
+    assert [(j.sync.dense, j.comm.wire_dtype, j.train.seed) for j in jobs[:4]] == [
+        ("bsp", "float32", 0), ("bsp", "bf16", 0), ("local:4", "float32", 0),
+        ("bsp", "float32", 1)]
+    assert len(jobs) == 9 and "#SBATCH --array=0-8" in (tmp_path / "slurm-2.sbatch").read_text()
+
+
 def test_slurm_array_task_runs_its_point_then_run_and_report_finish_the_sweep(tmp_path):
     sweep_file = tmp_path / "tiny.toml"
     sweep_file.write_text(TINY)
