@@ -4,12 +4,16 @@ The parent pytest never initialises MPI. For each N it launches
 ``mpiexec -n N python -m pytest NODEID`` in a new process session with a hard timeout and
 kills the whole process group on expiry, so a deadlock fails the test instead of hanging CI.
 In the child every rank runs the body; a failure on any rank prints its report and aborts
-the job, so ranks blocked in a collective do not wait for a peer that already failed.
+the job, so ranks blocked in a collective do not wait for a peer that already failed. The
+ranks share one ``tmp_path`` (a folder in the parent's), as the ranks of a job share a run
+directory: every rank's checkpoint file must be where rank 0 verifies it.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 
 import pytest
 from harness import DEFAULT_TIMEOUT_S, child_env, in_mpi_child, run_mpi
@@ -29,6 +33,18 @@ def mpi_ranks(request: pytest.FixtureRequest) -> int | None:
     return getattr(request, "param", None)
 
 
+_SHARED_TMP = "HPCTRAIN_TEST_SHARED_TMP"
+
+
+@pytest.fixture
+def tmp_path(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Path:
+    """pytest's own, except in an ``mpi`` child: the folder every rank of the job shares."""
+    shared = os.environ.get(_SHARED_TMP)
+    if shared and in_mpi_child():
+        return Path(shared)
+    return tmp_path_factory.mktemp(request.node.name[:30], numbered=True)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     marker = pyfuncitem.get_closest_marker("mpi")
@@ -36,9 +52,11 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
         return None
     ranks = pyfuncitem.callspec.params["mpi_ranks"]
     timeout = marker.kwargs.get("timeout", DEFAULT_TIMEOUT_S)
+    env = child_env(child=True)
+    if "tmp_path" in pyfuncitem.funcargs:
+        env[_SHARED_TMP] = str(pyfuncitem.funcargs["tmp_path"])
     result = run_mpi([sys.executable, "-m", "pytest", "-q", "-x", "--no-header",
-                      "-p", "no:cacheprovider", pyfuncitem.nodeid],
-                     ranks, timeout, env=child_env(child=True))
+                      "-p", "no:cacheprovider", pyfuncitem.nodeid], ranks, timeout, env=env)
     if result.returncode != 0:
         pytest.fail(f"failed under `mpiexec -n {ranks}` (exit {result.returncode}):\n"
                     f"{result.stdout[-8000:]}", pytrace=False)
