@@ -356,7 +356,7 @@ def _bench_ps(args: argparse.Namespace, config: JobConfig, topo: Topology | None
                     "ratio_to_baseline", "bytes_per_step", "bytes_ratio",
                     "server_memory_ratio"])
         print_rows(servers, ["mode", "rank", "workers", "rows_per_s", "busy_fraction",
-                             "pulls", "pushes"])
+                             "busy_s", "busy_cpu_s", "pulls", "pushes"])
         if args.json:
             write_json(args.json, rows)
             print(f"wrote {len(rows)} rows to {args.json}")
