@@ -21,6 +21,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+import numba
 import numpy as np
 
 from embeddings.types import TableSpec
@@ -28,9 +29,11 @@ from hpctrain.errors import ConfigError
 from hpctrain.runtime import rng
 from hpctrain.runtime.topology import shard_range
 
-__all__ = ["SCHEMES", "TableShard", "ShardingPlan", "plan_sharding", "Placement", "bijection"]
+__all__ = ["SCHEMES", "TableShard", "ShardingPlan", "plan_sharding", "Placement", "bijection",
+           "locate_one"]
 
 SCHEMES = ("auto", "table", "row_range", "row_hash")
+_CODES = {"table": 0, "row_range": 1, "row_hash": 2}
 
 
 @dataclass(frozen=True)
@@ -128,7 +131,13 @@ class Placement:
         self.base = np.zeros_like(self.counts)
         self.base[:, 1:] = np.cumsum(self.counts, axis=1)[:, :-1]
         self.rows = np.array([s.rows for s in plan.tables], dtype=np.int64)
-        self._scheme = [s.scheme for s in plan.tables]
+        code = np.array([_CODES[s.scheme] for s in plan.tables], dtype=np.int64)
+        owner = np.array([s.owner for s in plan.tables], dtype=np.int64)
+        mult = np.array([s.multiplier for s in plan.tables], dtype=np.int64)
+        shift = np.array([s.shift for s in plan.tables], dtype=np.int64)
+        self.arrays = (code, owner, mult, shift, self.rows, self.base, np.int64(k))
+        """The plan as arrays for :func:`locate_one`: (scheme code, owner, multiplier, shift,
+        rows per table, base [servers, tables], servers)."""
 
     def server_rows(self, server: int) -> int:
         """Rows stored on ``server`` (all tables)."""
@@ -136,22 +145,9 @@ class Placement:
 
     def locate(self, table: int, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Server and slot of rows ``ids`` (int64, in range) of table ``table``."""
-        shard, k = self.plan.tables[table], self.plan.servers
-        ids = np.asarray(ids, dtype=np.int64)
-        if shard.scheme == "table":
-            server = np.full(ids.shape, shard.owner, dtype=np.int64)
-            local = ids
-        elif shard.scheme == "row_range":
-            base, extra = divmod(shard.rows, k)
-            cut = extra * (base + 1)
-            big = ids < cut
-            server = np.where(big, ids // (base + 1),
-                              extra + (ids - cut) // max(base, 1)).astype(np.int64)
-            local = ids - np.where(big, server * (base + 1), cut + (server - extra) * base)
-        else:
-            p = (shard.multiplier * ids + shard.shift) % shard.rows
-            server, local = p % k, p // k
-        return server, self.base[server, table] + local
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        server, slot = _locate_many(table, ids, *self.arrays)
+        return server.reshape(ids.shape), slot.reshape(ids.shape)
 
     def ids_at(self, server: int, table: int, start: int = 0,
                stop: int | None = None) -> np.ndarray:
@@ -167,6 +163,38 @@ class Placement:
         p = local * k + server
         inverse = pow(shard.multiplier, -1, shard.rows)
         return ((p - shard.shift) % shard.rows) * inverse % shard.rows
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def locate_one(code, owner, mult, shift, rows, k, t, i):  # pragma: no cover - compiled
+    """(server, position among that server's rows of table ``t``) of id ``i``; the one
+    placement rule, used by :meth:`Placement.locate` and the parameter server's kernels."""
+    c = code[t]
+    if c == 0:
+        return owner[t], i
+    n = rows[t]
+    if c == 1:
+        base, extra = n // k, n % k
+        cut = extra * (base + 1)
+        if i < cut:
+            server = i // (base + 1)
+            return server, i - server * (base + 1)
+        server = extra + (i - cut) // max(base, 1)
+        return server, i - cut - (server - extra) * base
+    p = (mult[t] * i + shift[t]) % n
+    return p % k, p // k
+
+
+@numba.njit(cache=True, nogil=True)
+def _locate_many(t, ids, code, owner, mult, shift, rows, base, k):  # pragma: no cover
+    flat = ids.ravel()
+    server = np.empty(flat.shape[0], dtype=np.int64)
+    slot = np.empty(flat.shape[0], dtype=np.int64)
+    for j in range(flat.shape[0]):
+        s, local = locate_one(code, owner, mult, shift, rows, k, t, flat[j])
+        server[j] = s
+        slot[j] = base[s, t] + local
+    return server, slot
 
 
 def _rows_on(shard: TableShard, servers: int, s: int) -> int:

@@ -346,13 +346,20 @@ def _preprocess(args: argparse.Namespace, config: JobConfig, topo: Topology | No
 
 def _bench_ps(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -> int:
     from hpctrain.bench import ps as bench_ps
-    from hpctrain.bench.report import print_rows
+    from hpctrain.bench.report import print_rows, write_json
 
     rows = bench_ps.run(args, topo)
     if rows is not None:
-        print_rows(rows, ["mode", "prefetch", "rows_per_s", "baseline_rows_per_s",
-                          "ratio_to_baseline", "bytes_per_step", "bytes_ratio",
-                          "server_memory_ratio"], args.json)
+        servers = [r for r in rows if r["mode"] == "server"]
+        print_rows([r for r in rows if r["mode"] != "server"],
+                   ["mode", "prefetch", "rows_per_s", "baseline_rows_per_s",
+                    "ratio_to_baseline", "bytes_per_step", "bytes_ratio",
+                    "server_memory_ratio"])
+        print_rows(servers, ["mode", "rank", "workers", "rows_per_s", "busy_fraction",
+                             "busy_s", "busy_cpu_s", "pulls", "pushes"])
+        if args.json:
+            write_json(args.json, rows)
+            print(f"wrote {len(rows)} rows to {args.json}")
     return 0
 
 

@@ -34,6 +34,7 @@ from hpctrain.comm.wire import itemsize
 from hpctrain.errors import EmbeddingError
 from hpctrain.runtime import trace
 from hpctrain.runtime.waits import Wait, wait_all
+from ps.kernels import route, scatter_rows
 from ps.types import (
     TAG_REQUEST,
     Op,
@@ -148,8 +149,8 @@ class PSClient(BackingStore):
             ack = np.empty(reply_capacity(0, self.dim), dtype=np.uint8)
             acks.append(ack)
             receives.append(self.comm.Irecv(ack, source=self.servers[index], tag=reply_tag(seq)))
-            buf = encode_request(Op.WRITE, self.clock, seq, 0, tables, counts, ids,
-                                 np.ascontiguousarray(values[positions], dtype=np.float32))
+            buf = encode_request(Op.WRITE, self.clock, seq, 0, tables, counts, ids, values,
+                                 positions=positions)
             keep.append((self.comm.Isend(buf, dest=self.servers[index], tag=TAG_REQUEST), buf))
             self.stats.move_bytes_sent += buf.nbytes
         self.stats.rows_written += len(rows)
@@ -164,12 +165,11 @@ class PSClient(BackingStore):
         rows, grads = coalesce(rows, grads)
         self._reap()
         for index, _, tables, counts, ids, positions in self._split(rows, by_model=False):
-            payload = np.ascontiguousarray(grads[positions])
             buf = encode_request(Op.PUSH, self.clock, self._next_seq(), 0, tables, counts,
-                                 ids, payload, lr, self.wire)
+                                 ids, grads, lr, self.wire, positions)
             self._send(index, buf)
             self.stats.push_bytes_sent += buf.nbytes
-            self.stats.push_payload_bytes += payload.size * itemsize(self.wire)
+            self.stats.push_payload_bytes += len(ids) * self.dim * itemsize(self.wire)
             self.stats.rows_pushed += len(ids)
         self.stats.pushes += 1
         self.clock += 1
@@ -211,23 +211,20 @@ class PSClient(BackingStore):
         """Parts of sorted ``rows``: (server index, model group, tables, counts, ids,
         positions in ``rows``). ``by_model`` splits each server's rows by sync-model group
         and omits empty parts; otherwise there is exactly one part per server."""
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
         tables = self.layout.table_of(rows)
         ids = rows - self.layout.offsets[tables]
-        server = np.empty(len(rows), dtype=np.int64)
-        bounds = np.searchsorted(tables, np.arange(len(self.layout.specs) + 1))
-        for t in np.unique(tables).tolist():
-            lo, hi = bounds[t], bounds[t + 1]
-            server[lo:hi] = self.placement.locate(t, ids[lo:hi])[0]
-        groups = self.groups[tables] if by_model else np.zeros(len(rows), np.int64)
-        key = server * (int(self.groups.max()) + 1) + groups
-        order = np.argsort(key, kind="stable")
-        for index in range(len(self.servers)):
-            mine = order[server[order] == index]
-            labels = np.unique(groups[mine]) if by_model else np.zeros(1, np.int64)
-            for group in labels.tolist():
-                positions = mine[groups[mine] == group]
-                part_tables, counts = np.unique(tables[positions], return_counts=True)
-                yield index, group, part_tables, counts, ids[positions], positions
+        ngroups = int(self.groups.max()) + 1 if by_model else 1
+        groups = self.groups if by_model else np.zeros(len(self.groups), np.int64)
+        order, ids, start, run_table, run_count, run_start = route(
+            tables, ids, groups, ngroups, *self.placement.arrays)
+        for key in range(len(self.servers) * ngroups):
+            a, z = start[key], start[key + 1]
+            if by_model and a == z:
+                continue
+            runs = slice(run_start[key], run_start[key + 1])
+            yield (key // ngroups, key % ngroups, run_table[runs], run_count[runs], ids[a:z],
+                   order[a:z])
 
     def _send_pull(self, rows: np.ndarray, step: int, slack: int, op: Op) -> _Pending:
         """Send a PULL (rows) or READ (rows with optimizer state) of sorted unique rows."""
@@ -258,12 +255,17 @@ class PSClient(BackingStore):
         wait_all([recv for *_, recv in pending.parts] + [r for r, _ in pending.sends],
                  Wait("pull", self.comm, pending.servers))
         self.stats.pull_wait_s += time.perf_counter() - start
-        out = np.empty((len(pending.rows), pending.width), dtype=np.float32)
+        out = None
         for reply, positions, _ in pending.parts:
             values = decode_reply(reply, len(positions), pending.width)
             if isinstance(values, str):
                 raise EmbeddingError(values)
-            out[positions] = values
+            if len(pending.parts) == 1 and len(positions) == len(pending.rows):
+                out = values  # one server holds them all, in order: the reply is the result
+            else:
+                if out is None:
+                    out = np.empty((len(pending.rows), pending.width), np.float32)
+                scatter_rows(out, positions, values)
             if pending.op == Op.PULL:
                 self.stats.rows_pulled += len(positions)
                 self.stats.pull_bytes_received += reply_bytes(reply)
@@ -271,7 +273,7 @@ class PSClient(BackingStore):
             else:
                 self.stats.rows_read += len(positions)
                 self.stats.move_bytes_received += reply_bytes(reply)
-        return out
+        return np.empty((0, pending.width), np.float32) if out is None else out
 
     def _send(self, index: int, buf: np.ndarray) -> None:
         request = self.comm.Isend(buf, dest=self.servers[index], tag=TAG_REQUEST)

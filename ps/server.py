@@ -59,8 +59,18 @@ from hpctrain.errors import EmbeddingError, PSError
 from hpctrain.runtime import trace
 from hpctrain.runtime.waits import Backoff, Wait, wait_all
 from hpctrain.sync.types import SyncModel
+from ps.kernels import gather_rows
 from ps.store import ShardStore
-from ps.types import TAG_REQUEST, Op, Request, decode_request, encode_error, encode_rows, reply_tag
+from ps.types import (
+    TAG_REQUEST,
+    Op,
+    Request,
+    decode_request,
+    encode_error,
+    encode_rows,
+    reply_tag,
+    rows_reply,
+)
 
 __all__ = ["Server", "ServerStats"]
 
@@ -87,9 +97,23 @@ class ServerStats:
     """Per table: how many reads were served with each staleness (in clocks)."""
     rows_read: int = 0  # READ: rows handed to the workers' hot tier with optimizer state
     rows_written: int = 0  # WRITE: rows handed back
+    serve_s: float = 0.0  # wall time from the first request to the end of the loop
+    busy_s: float = 0.0  # of serve_s: receiving, decoding, serving and applying requests
+    busy_cpu_s: float = 0.0  # the server thread's CPU time within busy_s (less: preempted)
+
+    @property
+    def busy_fraction(self) -> float:
+        """Share of the serving time spent working on requests (1.0: the server limits)."""
+        return self.busy_s / self.serve_s if self.serve_s > 0 else 0.0
+
+    @property
+    def rows_per_s(self) -> float:
+        """Rows pulled and pushed per second of serving time."""
+        return (self.rows_out + self.rows_in) / self.serve_s if self.serve_s > 0 else 0.0
 
     def as_dict(self) -> dict[str, object]:
-        return asdict(self)
+        return {**asdict(self), "busy_fraction": self.busy_fraction,
+                "rows_per_s": self.rows_per_s}
 
 
 @dataclass
@@ -123,10 +147,22 @@ class Server:
         self.stats = ServerStats(rank=comm.Get_rank(), resident_bytes=store.resident_bytes())
         self._seen: dict[str, Counter[int]] = {}
 
+    def _load_kernels(self) -> None:
+        """Call every kernel of the request paths once on no rows, so that loading them
+        (numba's cache, seconds on a busy node) happens before the first request, not in it."""
+        tables, none = self.store.tables, np.empty(0, dtype=np.int64)
+        slots, _ = self.store.request_slots(none, none, none)
+        gather_rows(np.empty((0, self.dim), np.float32), tables.weight, slots)
+        tables.optimizer.apply(tables.weight, tables.state, slots,
+                               np.empty((0, self.dim), np.float32), 0.0)
+        coalesce(np.array([1, 0]), np.zeros((2, self.dim), np.float32))  # repeated rows
+
     def serve(self) -> ServerStats:
         """Run until every worker is done; returns the counters."""
+        self._load_kernels()
         status = MPI.Status()
         backoff = Backoff()
+        first = None
         # idle: workers may compute for long; the watchdog ends the loop only when one stopped
         with Wait("serve", self.comm, tuple(self.active), idle=True):
             while self.active or self.parked:
@@ -135,6 +171,8 @@ class Server:
                     self._reap_sends()
                     backoff.idle()
                     continue
+                start, cpu = time.perf_counter(), time.thread_time()
+                first = start if first is None else first
                 backoff.reset()
                 buf = np.empty(status.Get_count(MPI.BYTE), dtype=np.uint8)
                 message.Recv(buf)
@@ -143,7 +181,10 @@ class Server:
                 with trace.span(f"serve {request.op.name.lower()}",
                                 source=status.Get_source(), step=request.step):
                     self._handle(status.Get_source(), request)
+                self.stats.busy_s += time.perf_counter() - start
+                self.stats.busy_cpu_s += time.thread_time() - cpu
         wait_all([r for r, _ in self.sending], Wait("send", self.comm, tuple(self.clock)))
+        self.stats.serve_s = 0.0 if first is None else time.perf_counter() - first
         self.stats.staleness = {t: dict(sorted(c.items())) for t, c in self._seen.items()}
         return self.stats
 
@@ -202,16 +243,23 @@ class Server:
             self.stats.pulls += 1
             self._record_staleness(source, request)
         try:
-            slots = self._slots(request)
+            slots, _ = self._slots(request)
         except EmbeddingError as exc:
             self.stats.errors += 1
             reply = encode_error(f"server rank {self.comm.Get_rank()}: {exc}")
         else:
+            tables = self.store.tables
             if request.op == Op.READ:
-                reply = encode_rows(self.store.tables.read(slots))
+                reply, rows = rows_reply(len(slots), self.dim + tables.state_width)
+                gather_rows(rows, tables.weight, slots)
+                gather_rows(rows[:, self.dim:], tables.state, slots)
                 self.stats.rows_read += len(slots)
+            elif request.wire == "float32":
+                reply, rows = rows_reply(len(slots), self.dim)
+                gather_rows(rows, tables.weight, slots)
+                self.stats.rows_out += len(slots)
             else:
-                reply = encode_rows(self.store.tables.pull(slots), request.wire)
+                reply = encode_rows(tables.pull(slots), request.wire)
                 self.stats.rows_out += len(slots)
         self.stats.bytes_out += reply.nbytes
         self.sending.append((self.comm.Isend(reply, dest=source, tag=reply_tag(request.seq)),
@@ -230,23 +278,30 @@ class Server:
             self._seen.setdefault(name, Counter())[gap] += 1
 
     def _apply(self, pushes: list[tuple[int, Request]]) -> None:
-        """Apply pushes as one update (their rows summed) and advance their senders' clocks."""
-        slots, grads = [], []
+        """Apply pushes as one update (their rows summed) and advance their senders' clocks.
+
+        A push's ids are unique per table (the client sums repeats), so a lone push goes
+        straight to the optimizer kernel; several (deterministic mode), or a push whose ids
+        are not strictly increasing, are summed per slot first."""
+        slots, grads, unique = [], [], True
         for source, request in pushes:
             try:
-                slots.append(self._slots(request))
+                mine, distinct = self._slots(request)
             except EmbeddingError as exc:  # pushes carry only rows that were pulled: a bug
                 raise PSError(f"server rank {self.comm.Get_rank()}: bad push from rank "
                               f"{source}: {exc}") from exc
+            slots.append(mine)
             grads.append(request.grads)
+            unique = unique and distinct
             self.stats.pushes += 1
-            self.stats.rows_in += len(slots[-1])
-        if len(pushes) > 1:
+            self.stats.rows_in += len(mine)
+        if len(pushes) > 1 or not unique:
             rows, summed = coalesce(np.concatenate(slots), np.concatenate(grads))
         else:
-            rows, summed = slots[0], grads[0]
+            rows, summed = slots[0], np.ascontiguousarray(grads[0], dtype=np.float32)
         if len(rows):
-            self.store.tables.push(rows, summed, pushes[0][1].lr)
+            tables = self.store.tables
+            tables.optimizer.apply(tables.weight, tables.state, rows, summed, pushes[0][1].lr)
         for source, request in pushes:
             self.clock[source] = request.step + 1
 
@@ -265,7 +320,7 @@ class Server:
         """Values alone (optimizer state reset), or values then optimizer state (tiering)."""
         tables = self.store.tables
         try:
-            slots = self._slots(request)
+            slots, _ = self._slots(request)
         except EmbeddingError as exc:  # writes carry only rows the worker may place: a bug
             raise PSError(f"server rank {self.comm.Get_rank()}: bad write from rank "
                           f"{source}: {exc}") from exc
@@ -285,9 +340,9 @@ class Server:
         self.sending.append((self.comm.Isend(reply, dest=source, tag=reply_tag(request.seq)),
                              reply))
 
-    def _slots(self, request: Request) -> np.ndarray:
-        parts = [self.store.slots(t, ids) for t, ids in request.table_ids()]
-        return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+    def _slots(self, request: Request) -> tuple[np.ndarray, bool]:
+        """The request's slots and whether they are unique (one kernel call)."""
+        return self.store.request_slots(request.tables, request.counts, request.ids)
 
     def _retry_parked(self) -> None:
         waiting = []

@@ -12,6 +12,7 @@ from embeddings.optim import SparseOptimizer
 from embeddings.sharding import Placement
 from embeddings.tables import LocalTables, TableLayout
 from hpctrain.errors import EmbeddingError
+from ps import kernels
 
 __all__ = ["ShardStore"]
 
@@ -37,22 +38,34 @@ class ShardStore:
         return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
 
     def slots(self, table: int, ids: np.ndarray) -> np.ndarray:
-        """Slots of ``ids`` of ``table`` on this server; names the table and id when an id
-        is out of range, the table unknown, or the row held by another server."""
-        if not 0 <= table < len(self.layout.specs):
-            raise EmbeddingError(f"unknown table index {table} "
-                                 f"(the job has {len(self.layout.specs)} tables)")
-        spec = self.layout.specs[table]
-        bad = (ids < 0) | (ids >= spec.rows)
-        if bad.any():
-            raise EmbeddingError(f"id {int(ids[bad][0])} is outside table {spec.name!r} of "
+        """Slots of ``ids`` of ``table`` on this server (see :meth:`request_slots`)."""
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        return self.request_slots(np.array([table], np.int64),
+                                  np.array([len(ids)], np.int64), ids)[0]
+
+    def request_slots(self, tables: np.ndarray, counts: np.ndarray,
+                      ids: np.ndarray) -> tuple[np.ndarray, bool]:
+        """Slots of a request's ids (``counts[g]`` ids of ``tables[g]`` per group, in order)
+        and whether they are unique (ids strictly increasing per table, tables increasing);
+        names the table and id when an id is out of range, the table unknown, or the row
+        held by another server."""
+        slots = np.empty(len(ids), dtype=np.int64)
+        status, where, unique = kernels.shard_slots(tables, counts, ids, self.server,
+                                                    *self.placement.arrays, slots)
+        if status == kernels.OK:
+            return slots, unique
+        specs = self.layout.specs
+        if status == kernels.UNKNOWN_TABLE:
+            raise EmbeddingError(f"unknown table index {int(tables[where])} "
+                                 f"(the job has {len(specs)} tables)")
+        table = int(tables[np.searchsorted(np.cumsum(counts), where, side="right")])
+        spec, bad = specs[table], int(ids[where])
+        if status == kernels.OUT_OF_RANGE:
+            raise EmbeddingError(f"id {bad} is outside table {spec.name!r} of "
                                  f"{spec.rows} rows")
-        server, slots = self.placement.locate(table, ids)
-        if (server != self.server).any():
-            wrong = int(ids[server != self.server][0])
-            raise EmbeddingError(f"row {wrong} of table {spec.name!r} belongs to server "
-                                 f"{int(server[server != self.server][0])}, not {self.server}")
-        return slots
+        owner = int(self.placement.locate(table, np.array([bad]))[0][0])
+        raise EmbeddingError(f"row {bad} of table {spec.name!r} belongs to server "
+                             f"{owner}, not {self.server}")
 
     def resident_bytes(self) -> int:
         return self.tables.weight.nbytes + self.tables.state.nbytes

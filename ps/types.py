@@ -35,8 +35,8 @@ import numpy as np
 from hpctrain.comm.wire import decode, encode, wire_code, wire_of
 
 __all__ = ["Op", "Request", "TAG_REQUEST", "reply_tag", "encode_request", "decode_request",
-           "encode_rows", "encode_error", "reply_capacity", "decode_reply", "reply_bytes",
-           "HEADER"]
+           "encode_rows", "rows_reply", "encode_error", "reply_capacity", "decode_reply",
+           "reply_bytes", "HEADER"]
 
 TAG_REQUEST = 7
 _TAG_REPLY_BASE = 1024
@@ -82,15 +82,20 @@ class Request:
 
 def encode_request(op: Op, step: int, seq: int, slack: int, tables: np.ndarray,
                    counts: np.ndarray, ids: np.ndarray, grads: np.ndarray | None = None,
-                   lr: float = 0.0, wire: str = "float32") -> np.ndarray:
+                   lr: float = 0.0, wire: str = "float32",
+                   positions: np.ndarray | None = None) -> np.ndarray:
     """A request; PUSH gradients travel in ``wire`` format, WRITE values in float32, and a
-    PULL asks for its reply in ``wire``."""
+    PULL asks for its reply in ``wire``. ``positions``: the rows of ``grads`` to send (all
+    by default); float32 rows are copied from there straight into the message."""
     n_ints = HEADER + 2 * len(tables) + len(ids)
-    scale = 1.0
-    payload = None
+    scale, payload, size = 1.0, None, 0
     if grads is not None:
-        payload, scale = encode(grads, wire if op == Op.PUSH else "float32")
-    buf = np.empty(n_ints * 8 + (0 if payload is None else payload.nbytes), dtype=np.uint8)
+        if op == Op.PUSH and wire != "float32":
+            payload, scale = encode(grads if positions is None else grads[positions], wire)
+            size = payload.nbytes
+        else:
+            size = len(ids) * grads.shape[1] * 4
+    buf = np.empty(n_ints * 8 + size, dtype=np.uint8)
     ints = buf[: n_ints * 8].view(np.int64)
     ints[: HEADER - 2] = (int(op), step, seq, slack, len(tables), wire_code(wire))
     ints[HEADER - 2: HEADER].view(np.float64)[:] = (lr, scale)
@@ -99,6 +104,12 @@ def encode_request(op: Op, step: int, seq: int, slack: int, tables: np.ndarray,
     ints[HEADER + 2 * len(tables):] = ids
     if payload is not None:
         buf[n_ints * 8:] = payload.view(np.uint8)
+    elif grads is not None:
+        rows = buf[n_ints * 8:].view(np.float32).reshape(len(ids), grads.shape[1])
+        if positions is None:
+            rows[:] = grads
+        else:
+            np.take(np.asarray(grads, dtype=np.float32), positions, axis=0, out=rows)
     return buf
 
 
@@ -124,6 +135,16 @@ def decode_request(buf: np.ndarray, dim: int) -> Request:
 def reply_capacity(rows: int, dim: int) -> int:
     """Bytes a worker must post for the reply to a pull of ``rows`` rows of ``dim`` values."""
     return _STATUS_BYTES + max(rows * dim * 4, _MIN_ERROR_ROOM)
+
+
+def rows_reply(rows: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """A reply of ``rows`` float32 rows of ``width`` values, and the ``[rows, width]`` view of
+    its payload for the server to fill in place (no intermediate array)."""
+    buf = np.empty(_STATUS_BYTES + rows * width * 4, dtype=np.uint8)
+    head = buf[:_STATUS_BYTES].view(np.int64)
+    head[:3] = (0, rows * width * 4, 0)
+    head[3:].view(np.float64)[0] = 1.0
+    return buf, buf[_STATUS_BYTES:].view(np.float32).reshape(rows, width)
 
 
 def encode_rows(rows: np.ndarray, wire: str = "float32") -> np.ndarray:

@@ -5,7 +5,9 @@ worker runs ``--steps`` steps over Zipf-distributed batches (the synthetic gener
 pull the batch's unique rows, push a gradient for each, with and without prefetch. Reported
 per worker: unique rows pulled and pushed per second of time spent pulling and pushing, bytes
 per step against the minimum (unique rows x dim x 4 plus 8 bytes per id), and server memory
-per stored row against (dim + optimizer state) x 4 bytes. The baseline, measured in the same
+per stored row against (dim + optimizer state) x 4 bytes. Reported per server (rows with
+``mode = "server"``): rows pulled and pushed per second of its serving time and the busy
+fraction of that time (:class:`~ps.server.ServerStats`). The baseline, measured in the same
 run on worker 0 alone, is torch ``nn.EmbeddingBag(sparse=True)`` with the same optimizer on
 the same ids (lookup, backward, step).
 """
@@ -64,7 +66,14 @@ def run(args: argparse.Namespace, topo: Topology) -> list[dict[str, Any]] | None
     for row in worker_rows:
         row["server_bytes_per_row"] = per_row * ideal
         row["server_memory_ratio"] = per_row
-    return worker_rows
+    return worker_rows + [_server_row(s, topo.workers) for s in servers]
+
+
+def _server_row(facts: dict[str, Any], workers: int) -> dict[str, Any]:
+    """One server over the whole run (both modes, warm-up included), from its ServerStats."""
+    keys = ("rank", "rows_per_s", "busy_fraction", "serve_s", "busy_s", "busy_cpu_s", "pulls",
+            "pushes", "rows_out", "rows_in")
+    return {"mode": "server", "workers": workers, **{k: facts[k] for k in keys}}
 
 
 def _batches(args: argparse.Namespace, layout: TableLayout, worker: int) -> list[np.ndarray]:

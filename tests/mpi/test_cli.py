@@ -4,6 +4,7 @@ import json
 import sys
 import time
 
+import pytest
 from harness import run_mpi
 
 HPCTRAIN = [sys.executable, "-m", "hpctrain.cli"]
@@ -92,11 +93,19 @@ def test_train_with_a_parameter_server_and_bench_it(tmp_path):
                     timeout=120)
     assert bench.returncode == 0, bench.stdout
     rows = json.loads(out.read_text())
+    servers = [r for r in rows if r["mode"] == "server"]
+    rows = [r for r in rows if r["mode"] != "server"]
     assert {(r["mode"], r["prefetch"]) for r in rows} == {
         (m, p) for m in ("pull", "push") for p in (False, True)}
     for row in rows:
         assert 1.0 <= row["bytes_ratio"] <= 1.05 and row["rows_per_s"] > 0
         assert row["baseline_rows_per_s"] > 0 and row["servers"] == 2
+    assert sorted(s["rank"] for s in servers) == [2, 3]
+    for server in servers:  # every worker pulled and pushed in 2 modes, warm-up included
+        assert server["pulls"] == server["pushes"] == 2 * (2 * 4 + 1)
+        assert 0 < server["busy_s"] <= server["serve_s"] and 0 < server["busy_fraction"] <= 1
+        assert server["rows_per_s"] == pytest.approx(
+            (server["rows_in"] + server["rows_out"]) / server["serve_s"])
 
 
 TINY = ["--set", "data.train_samples=6000", "--set", "data.eval_samples=600",
