@@ -1,0 +1,192 @@
+"""The emulated network (``comm.emulate``) on real MPI worlds: delays as the model says.
+
+Delays are 20 ms of latency plus tens of milliseconds of bytes per message, so that they
+dwarf the shared machine's noise; each figure is the median of a few repetitions and is
+checked as a ratio of measured extra time to the expected delay, never as a time.
+"""
+
+import json
+import sys
+import time
+
+import numpy as np
+import pytest
+from harness import run_mpi
+from mpi4py import MPI
+
+from hpctrain.comm import Group, allreduce, emulate
+from hpctrain.config import CommConfig, load_config
+from hpctrain.runtime.waits import Wait
+from hpctrain.runtime.world import build_topology
+from hpctrain.train.job import run_training
+
+WORLD = MPI.COMM_WORLD
+LATENCY_S = 0.02
+GBPS = 0.4  # 50 MB/s: 1 MB takes 20 ms
+EMULATE = f"{LATENCY_S * 1e6:g},{GBPS:g}"
+BANDWIDTH = GBPS * 1e9 / 8
+NBYTES = 1_000_000
+REPEATS = 5
+
+
+def delay(nbytes: float) -> float:
+    return LATENCY_S + nbytes / BANDWIDTH
+
+
+def median_time(run, repeats: int = REPEATS) -> float:
+    """Median over ``repeats`` of the slowest rank's time of ``run()`` (ranks start
+    together)."""
+    times = []
+    for _ in range(repeats):
+        WORLD.Barrier()
+        start = time.perf_counter()
+        run()
+        times.append(WORLD.allreduce(time.perf_counter() - start, op=MPI.MAX))
+    return float(np.median(times))
+
+
+def ratio(measured_extra: float, expected: float) -> float:
+    return measured_extra / expected
+
+
+def ping_pong(link, buf: np.ndarray, peer: int, first: bool) -> None:
+    if first:
+        link.Send(buf, peer, 5)
+        link.Recv(buf, peer, 5)
+    else:
+        link.Recv(buf, peer, 5)
+        link.Send(buf, peer, 5)
+
+
+@pytest.mark.mpi(ranks=(2,))
+def test_ping_pong_and_allreduce_are_delayed_by_latency_plus_bytes_over_bandwidth():
+    plain = Group(WORLD, CommConfig(node_size=1))
+    emulated = Group(WORLD, CommConfig(node_size=1, emulate=EMULATE))
+    buf = np.zeros(NBYTES, np.uint8)
+    peer, first = 1 - WORLD.rank, WORLD.rank == 0
+    before = emulate.totals()
+    extra = (median_time(lambda: ping_pong(emulated.link, buf, peer, first))
+             - median_time(lambda: ping_pong(plain.link, buf, peer, first)))
+    got = emulate.totals() - before
+    assert 0.9 <= ratio(extra, 2 * delay(NBYTES)) <= 1.1, (extra, 2 * delay(NBYTES))
+    assert got.messages == REPEATS and got.bytes == REPEATS * NBYTES
+    assert got.emulated_s > 0.5 * REPEATS * delay(NBYTES)
+
+    data = np.ones(NBYTES // 4, np.float32)
+    # (algorithm, expected delay): the ring's 2 steps of half the buffer, recursive
+    # doubling's one exchange of all of it, and MPI's own allreduce by the model
+    # latency * ceil(log2 2) + 2 (2-1)/2 * bytes / bandwidth.
+    for algorithm, expected in (("ring", 2 * delay(NBYTES / 2)),
+                                ("recursive_doubling", delay(NBYTES)),
+                                ("native", delay(NBYTES))):
+        def run(group, algorithm=algorithm):
+            data[:] = 1.0
+            allreduce(data, comm=group, algorithm=algorithm)
+            assert data[0] == 2.0
+        extra = median_time(lambda: run(emulated)) - median_time(lambda: run(plain))
+        assert 0.9 <= ratio(extra, expected) <= 1.1, (algorithm, extra, expected)
+    for group in (plain, emulated):
+        group.free()
+
+
+@pytest.mark.mpi(ranks=(3,))
+def test_ranks_on_one_emulated_node_are_not_delayed_and_three_nodes_are():
+    """node_size 2 over 3 ranks: {0, 1} share a node, rank 2 is alone. A ping-pong inside
+    the node waits for nothing; one across nodes waits latency + bytes / bandwidth. Then a
+    3-node ring allreduce (node_size 1, a non-power of two): 4 steps of a third each."""
+    two = Group(WORLD, CommConfig(node_size=2, emulate=EMULATE))
+    assert two.layout.nodes == 2 and two.link.remote(2 - WORLD.rank) is (WORLD.rank != 1)
+    buf = np.zeros(NBYTES, np.uint8)
+
+    def pair(a: int, b: int) -> None:
+        if WORLD.rank in (a, b):
+            ping_pong(two.link, buf, b if WORLD.rank == a else a, WORLD.rank == a)
+
+    before = emulate.totals()
+    inside = median_time(lambda: pair(0, 1))
+    inside_count = emulate.totals() - before
+    across = median_time(lambda: pair(0, 2))
+    assert inside_count.messages == 0 and inside_count.emulated_s == 0.0
+    assert inside < 0.1 * 2 * delay(NBYTES), inside
+    assert 0.9 <= ratio(across - inside, 2 * delay(NBYTES)) <= 1.1, (across, inside)
+    two.free()
+
+    plain = Group(WORLD, CommConfig(node_size=1))
+    three = Group(WORLD, CommConfig(node_size=1, emulate=EMULATE))
+    data = np.ones(3 * (NBYTES // 12), np.float32)
+
+    def run(group):
+        data[:] = 1.0
+        allreduce(data, comm=group, algorithm="ring")
+        assert data[-1] == 3.0
+
+    extra = median_time(lambda: run(three)) - median_time(lambda: run(plain))
+    expected = 4 * delay(data.nbytes / 3)
+    assert 0.9 <= ratio(extra, expected) <= 1.1, (extra, expected)
+    for group in (plain, three):
+        group.free()
+
+
+@pytest.mark.mpi(ranks=(2,))
+def test_a_nonblocking_receive_completed_after_its_arrival_waits_no_more():
+    """What prefetch relies on: the delay runs from the send, not from the wait."""
+    group = Group(WORLD, CommConfig(node_size=1, emulate=EMULATE))
+    link, buf = group.link, np.zeros(NBYTES, np.uint8)
+    wait = Wait("test", group.comm)
+    if WORLD.rank == 0:
+        link.Isend(buf, 1, 9).Wait()
+    else:
+        early = link.Irecv(buf, 0, 9)
+        waited = link.wait_all([early], wait)  # at once: the whole delay
+        assert 0.9 <= ratio(waited, delay(NBYTES)) <= 1.1, waited
+    WORLD.Barrier()
+    if WORLD.rank == 0:
+        link.Isend(buf, 1, 9).Wait()
+    else:
+        late = link.Irecv(buf, 0, 9)
+        time.sleep(1.5 * delay(NBYTES))  # computing while the message travels
+        assert link.wait_all([late], wait) == 0.0
+    group.free()
+
+
+@pytest.mark.mpi(ranks=(3,))
+def test_training_under_bsp_is_the_same_with_the_network_emulated(tmp_path):
+    """Deterministic BSP on a parameter server, two workers on two emulated nodes: the
+    emulated network changes when things happen, not what is computed."""
+    common = ["data.table_sizes=[50, 200, 1000, 7]", "data.train_samples=2000",
+              "data.eval_samples=200", "model.embedding_dim=8", "model.bottom_mlp=[16, 8]",
+              "model.top_mlp=[16, 1]", "train.progress=false", "train.log_every=1",
+              "train.batch_size=32", "train.steps=5", "ps.servers=1",
+              "sync.deterministic=true", "ps.prefetch=false", "comm.node_size=1"]
+    runs = {}
+    for name, extra in (("plain", []), ("emulated", ["comm.emulate='200,1'"])):
+        run_dir = WORLD.bcast(str(tmp_path / name))
+        config = load_config(overrides=[*common, *extra, f"train.run_dir={run_dir!r}"])
+        runs[name] = run_training(config, build_topology(config))
+    if WORLD.rank == 0:
+        plain, emulated = runs["plain"], runs["emulated"]
+        assert emulated.train_loss == plain.train_loss
+        assert emulated.eval == plain.eval
+        assert not plain.emulated and len(emulated.emulated) == 3
+        assert all(e.messages > 0 for e in emulated.emulated)
+        workers = emulated.emulated[:2]
+        assert min(e.emulated_s for e in workers) > 0.0
+        written = json.loads((tmp_path / "emulated" / "summary.json").read_text())
+        assert [e["messages"] for e in written["emulated"]] == \
+            [e.messages for e in emulated.emulated]
+
+
+HPCTRAIN = [sys.executable, "-m", "hpctrain.cli"]
+
+
+@pytest.mark.parametrize("value, words", [
+    ("abc", "comm.emulate: expected 'LATENCY_US,GBPS' (two numbers, e.g. '20,10'), got 'abc'"),
+    ("-5,10", "comm.emulate: the latency must be a finite number >= 0 (microseconds), got "
+              "'-5'"),
+    ("20", "comm.emulate: expected 'LATENCY_US,GBPS'"),
+])
+def test_bad_values_end_a_launch_with_one_line_and_exit_2(tmp_path, value, words):
+    result = run_mpi([*HPCTRAIN, "train", "--set", f"comm.emulate={value!r}", "--set",
+                      f"train.run_dir={str(tmp_path)!r}"], ranks=2, timeout=120)
+    ours = [line for line in result.stdout.splitlines() if line.startswith("hpctrain")]
+    assert result.returncode == 2 and len(ours) == 1 and words in ours[0], result.stdout
