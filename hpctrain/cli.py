@@ -182,6 +182,10 @@ def _parser() -> argparse.ArgumentParser:
     bench_data.add_arguments(data)
     _bench_allreduce_args(command("allreduce", "time allreduce for each algorithm against "
                                   "native MPI_Allreduce", benches))
+    from hpctrain.bench import emulate as bench_emulate
+    bench_emulate.add_arguments(command("emulate", "check comm.emulate: extra time of a "
+                                        "ping-pong and allreduces over the delay predicted",
+                                        benches))
     command("calibrate", "measure the cost model's alpha/beta parameters and write them "
                          "(point comm.calibration at the file)", benches).add_argument(
         "--out", default="comm-calibration.json", help="output file (default: %(default)s)")
@@ -470,9 +474,23 @@ def _bench_alltoall(args: argparse.Namespace, config: JobConfig,
     return 0
 
 
+def _bench_emulate(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -> int:
+    from hpctrain.bench import emulate as bench_emulate
+    from hpctrain.bench.report import print_rows
+
+    rows = bench_emulate.run(args, topo)
+    if rows is not None:
+        print_rows(rows, bench_emulate.COLUMNS, args.json)
+    return 0
+
+
 def _bench_comm(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -> int:
     from hpctrain.comm.owner import communicators
 
+    if config.comm.emulate:
+        raise ConfigError(f"bench {args.bench}: comm.emulate is set, but this benchmark "
+                          f"measures against MPI_Allreduce called directly, which the "
+                          f"emulated network does not delay; use hpctrain bench emulate")
     group = communicators(topo).over(topo.world)
     if args.bench == "calibrate":
         from hpctrain.bench.calibrate import run_calibrate
@@ -492,7 +510,8 @@ _COMMANDS = {"train": _train, "info": _info, "preprocess": _preprocess, "config"
              "bench": _bench, "compare-sync": _compare_sync, "trace": _trace}
 _BENCHES = {"ps": _bench_ps, "pipeline": _bench_pipeline, "tiering": _bench_tiering,
             "allreduce": _bench_comm, "calibrate": _bench_comm, "alltoall": _bench_alltoall,
-            "embeddings": _bench_embeddings, "dlrm": _bench_dlrm, "data": _bench_data}
+            "embeddings": _bench_embeddings, "dlrm": _bench_dlrm, "data": _bench_data,
+            "emulate": _bench_emulate}
 _OFFLINE = {"report": _report, "sweep": _sweep}
 _NEEDS_WORLD = {"train", "info", "bench", "compare-sync"}
 
