@@ -159,7 +159,9 @@ def test_training_under_bsp_is_the_same_with_the_network_emulated(tmp_path):
               "train.batch_size=32", "train.steps=5", "ps.servers=1",
               "sync.deterministic=true", "ps.prefetch=false", "comm.node_size=1"]
     runs = {}
-    for name, extra in (("plain", []), ("emulated", ["comm.emulate='200,1'"])):
+    timeline = WORLD.bcast(str(tmp_path / "trace.json"))
+    for name, extra in (("plain", []), ("emulated", ["comm.emulate='200,1'",
+                                                     f"runtime.trace={timeline!r}"])):
         run_dir = WORLD.bcast(str(tmp_path / name))
         config = load_config(overrides=[*common, *extra, f"train.run_dir={run_dir!r}"])
         runs[name] = run_training(config, build_topology(config))
@@ -171,6 +173,9 @@ def test_training_under_bsp_is_the_same_with_the_network_emulated(tmp_path):
         assert all(e.messages > 0 for e in emulated.emulated)
         workers = emulated.emulated[:2]
         assert min(e.emulated_s for e in workers) > 0.0
+        spans = {e["name"] for e in json.loads((tmp_path / "trace.json").read_text())[
+            "traceEvents"] if e.get("ph") == "X"}
+        assert {"emulated transfer", "wait pull"} <= spans
         written = json.loads((tmp_path / "emulated" / "summary.json").read_text())
         assert [e["messages"] for e in written["emulated"]] == \
             [e.messages for e in emulated.emulated]
@@ -190,3 +195,19 @@ def test_bad_values_end_a_launch_with_one_line_and_exit_2(tmp_path, value, words
                       f"train.run_dir={str(tmp_path)!r}"], ranks=2, timeout=120)
     ours = [line for line in result.stdout.splitlines() if line.startswith("hpctrain")]
     assert result.returncode == 2 and len(ours) == 1 and words in ours[0], result.stdout
+
+
+def test_bench_emulate_prints_ratios_near_one(tmp_path):
+    out = tmp_path / "emulate.json"
+    result = run_mpi([*HPCTRAIN, "bench", "emulate", "--set", "comm.node_size=1", "--set",
+                      f"comm.emulate={EMULATE!r}", "--sizes", "512KiB", "--reps", "3",
+                      "--json", str(out)], ranks=2, timeout=120)
+    assert result.returncode == 0, result.stdout
+    rows = {r["case"]: r for r in json.loads(out.read_text())}
+    assert set(rows) == {"ping-pong", "allreduce ring", "allreduce native",
+                         "allreduce recursive_doubling"}
+    assert 0.8 <= rows["ping-pong"]["ratio"] <= 1.25, rows
+    result = run_mpi([*HPCTRAIN, "bench", "emulate", "--set", f"comm.emulate={EMULATE!r}"],
+                     ranks=2, timeout=60)
+    assert result.returncode == 2 and "set comm.emulate (e.g. '20000,0.4') and " \
+        "comm.node_size" in result.stdout, result.stdout
