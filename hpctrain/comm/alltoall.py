@@ -25,6 +25,7 @@ cost depends on the count matrix, not on one buffer size.
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
@@ -169,9 +170,11 @@ class NativeAlltoallv(Exchange):
     def run(self, send: np.ndarray, out: np.ndarray, matrix: Matrix, group: Group) -> None:
         r = group.rank
         sc, rc = matrix.bytes[r], matrix.bytes[:, r]
+        started = time.perf_counter()
         group.comm.Alltoallv([send, sc, _offsets(sc)[:-1], MPI.BYTE],
                              [out, rc, _offsets(rc)[:-1], MPI.BYTE])
-        group.link.library(_busiest_across(matrix, group.link.nodes), matrix.size - 1)
+        group.link.library(started, _busiest_across(matrix, group.link.nodes),
+                           matrix.size - 1)
 
 
 def _busiest_across(matrix: Matrix, nodes: list[int]) -> float:
@@ -211,8 +214,9 @@ def exchange_counts(counts: np.ndarray, group: Group, extra: int = 0
     mine[:-1] = counts
     mine[-1] = extra
     every = np.empty((group.size, group.size + 1), np.int64)
+    started = time.perf_counter()
     group.comm.Allgather(mine, every)
-    group.link.library(mine.nbytes * group.size)
+    group.link.library(started, mine.nbytes * group.size)
     return every[:, :-1], every[:, -1]
 
 

@@ -24,10 +24,11 @@ How, and why so:
   their own, and a receiver takes messages from several senders at full rate each (no
   incast).
 - **MPI's own collectives** (``native``, the all-to-all's count exchange) cannot be seen
-  message by message: after the call each rank waits the time of a bandwidth-optimal
+  message by message: after the call each rank waits until the time of a bandwidth-optimal
   schedule over the group's emulated nodes (``latency * ceil(log2 N) + bytes / bandwidth``
-  with the bytes that schedule moves per node), which the call's own synchronisation lines
-  up across ranks.
+  with the bytes that schedule moves per node) has passed since the last rank entered it
+  (one more ``MPI_Allreduce`` of the entry times), so that, as for messages, the emulated
+  time absorbs the real one.
 - **Accounted apart.** Seconds waited for emulated arrivals, and the messages and bytes
   delayed, are counted per process (:func:`totals`) and, with ``runtime.trace`` on, shown
   as ``emulated transfer`` spans. Waits shorter than the OS timer slack (~0.05 ms) overshoot
@@ -302,16 +303,20 @@ class Channel:
 
     # -- MPI's own collectives -----------------------------------------------------------
 
-    def library(self, per_node_bytes: float, rounds: int | None = None) -> None:
-        """After an MPI library collective over the channel's ranks: wait the emulated time
-        of ``rounds`` latencies (default ``ceil(log2 N)`` over ``N`` emulated nodes) and
-        ``per_node_bytes`` across the network."""
+    def library(self, started: float, per_node_bytes: float, rounds: int | None = None
+                ) -> None:
+        """After an MPI library collective over the channel's ranks that this rank entered
+        at ``started``: wait until ``rounds`` latencies (default ``ceil(log2 N)`` over ``N``
+        emulated nodes) and ``per_node_bytes`` across the network have passed since the
+        last rank entered (``MPI_Allreduce`` of the entry times, when emulating)."""
         if self.net is None:
             return
         n = self.node_count
         rounds = math.ceil(math.log2(n)) if rounds is None else rounds
         delay = rounds * self.net.latency_s + self.net.transfer_s(per_node_bytes)
-        _LINK.wait_until(time.perf_counter() + delay, 1, int(per_node_bytes))
+        last = np.array([started])
+        self.comm.Allreduce(MPI.IN_PLACE, last, op=MPI.MAX)
+        _LINK.wait_until(float(last[0]) + delay, 1, int(per_node_bytes))
 
     # -- lifetime --------------------------------------------------------------------------
 
