@@ -1,6 +1,6 @@
 """The emulated network (``comm.emulate``) on real MPI worlds: delays as the model says.
 
-Delays are 20 ms of latency plus tens of milliseconds of bytes per message, so that they
+Delays are 30 ms of latency plus tens of milliseconds of bytes per message, so that they
 dwarf the shared machine's noise; the extra time is the median emulated round less the
 fastest plain one (the delay runs from the send, so it absorbs the real transfer: the
 fastest plain round absorbs least), checked as a ratio to the expected delay, never as a
@@ -23,11 +23,11 @@ from hpctrain.runtime.world import build_topology
 from hpctrain.train.job import run_training
 
 WORLD = MPI.COMM_WORLD
-LATENCY_S = 0.02
-GBPS = 0.4  # 50 MB/s: 1 MB takes 20 ms
+LATENCY_S = 0.03
+GBPS = 0.4  # 50 MB/s: 2 MB take 40 ms
 EMULATE = f"{LATENCY_S * 1e6:g},{GBPS:g}"
 BANDWIDTH = GBPS * 1e9 / 8
-NBYTES = 1_000_000
+NBYTES = 2_000_000
 REPEATS = 5
 
 
@@ -143,19 +143,22 @@ def test_a_nonblocking_receive_completed_after_its_arrival_waits_no_more():
     group = Group(WORLD, CommConfig(node_size=1, emulate=EMULATE))
     link, buf = group.link, np.zeros(NBYTES, np.uint8)
     wait = Wait("test", group.comm)
-    if WORLD.rank == 0:
-        link.Isend(buf, 1, 9).Wait()
-    else:
-        early = link.Irecv(buf, 0, 9)
-        waited = link.wait_all([early], wait)  # at once: the whole delay
-        assert 0.9 <= ratio(waited, delay(NBYTES)) <= 1.1, waited
-    WORLD.Barrier()
-    if WORLD.rank == 0:
-        link.Isend(buf, 1, 9).Wait()
-    else:
-        late = link.Irecv(buf, 0, 9)
-        time.sleep(1.5 * delay(NBYTES))  # computing while the message travels
-        assert link.wait_all([late], wait) == 0.0
+    for late in (False, True):
+        if WORLD.rank == 0:
+            sent = time.perf_counter()
+            link.Isend(buf, 1, 9).Wait()
+            WORLD.send(sent, dest=1, tag=10)  # one clock: the receiver can compare
+        else:
+            request = link.Irecv(buf, 0, 9)
+            sent = WORLD.recv(source=0, tag=10)
+            if late:  # computing while the message travels, past its arrival
+                time.sleep(max(0.0, sent + 1.5 * delay(NBYTES) - time.perf_counter()))
+            waited = link.wait_all([request], wait)
+            done = time.perf_counter()
+            if late:
+                assert waited == 0.0
+            else:
+                assert waited > 0.0 and 1.0 <= ratio(done - sent, delay(NBYTES)) <= 1.1
     group.free()
 
 
