@@ -68,6 +68,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 mode = "hybrid" if local else "full"  # SGD needs the dense part on workers
                 config = load_config(args.job, ["ps.servers=1", f"ps.mode={mode!r}", *args.set,
                                                 *_command_overrides(args)])
+        if args.command == "bench" and args.bench in ("allreduce", "calibrate") and \
+                config.comm.emulate:
+            raise ConfigError(f"bench {args.bench}: comm.emulate is set, but this benchmark "
+                              f"measures against MPI_Allreduce called directly, which the "
+                              f"emulated network does not delay; use hpctrain bench emulate")
+        if args.command == "bench" and args.bench == "emulate" and not (
+                config.comm.emulate and config.comm.node_size):
+            raise ConfigError("bench emulate: set comm.emulate (e.g. '20000,0.4') and "
+                              "comm.node_size (ranks per emulated node)")
         setup_logging(world_rank(), config.runtime.log_level)
         topo = build_topology(config) if args.command in _NEEDS_WORLD else None
     except HpctrainError as exc:
@@ -487,10 +496,6 @@ def _bench_emulate(args: argparse.Namespace, config: JobConfig, topo: Topology |
 def _bench_comm(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -> int:
     from hpctrain.comm.owner import communicators
 
-    if config.comm.emulate:
-        raise ConfigError(f"bench {args.bench}: comm.emulate is set, but this benchmark "
-                          f"measures against MPI_Allreduce called directly, which the "
-                          f"emulated network does not delay; use hpctrain bench emulate")
     group = communicators(topo).over(topo.world)
     if args.bench == "calibrate":
         from hpctrain.bench.calibrate import run_calibrate

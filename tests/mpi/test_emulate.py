@@ -222,5 +222,14 @@ def test_bench_emulate_prints_ratios_near_one(tmp_path):
     assert 0.8 <= rows["ping-pong"]["ratio"] <= 1.25, rows
     result = run_mpi([*HPCTRAIN, "bench", "emulate", "--set", f"comm.emulate={EMULATE!r}"],
                      ranks=2, timeout=60)
-    assert result.returncode == 2 and "set comm.emulate (e.g. '20000,0.4') and " \
-        "comm.node_size" in result.stdout, result.stdout
+    assert result.returncode == 2 and [line for line in result.stdout.splitlines()
+                                       if line.startswith("hpctrain")] == [
+        "hpctrain: error: bench emulate: set comm.emulate (e.g. '20000,0.4') and "
+        "comm.node_size (ranks per emulated node)"], result.stdout
+    result = run_mpi([*HPCTRAIN, "bench", "allreduce", "--set", f"comm.emulate={EMULATE!r}"],
+                     ranks=2, timeout=60)
+    ours = [line for line in result.stdout.splitlines() if line.startswith("hpctrain")]
+    assert result.returncode == 2 and ours == [
+        "hpctrain: error: bench allreduce: comm.emulate is set, but this benchmark measures "
+        "against MPI_Allreduce called directly, which the emulated network does not delay; "
+        "use hpctrain bench emulate"], result.stdout
