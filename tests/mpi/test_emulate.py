@@ -17,6 +17,7 @@ from harness import run_mpi
 from mpi4py import MPI
 
 from hpctrain.comm import Group, allreduce, emulate
+from hpctrain.comm.alltoall import alltoallv
 from hpctrain.config import CommConfig, load_config
 from hpctrain.runtime.waits import Wait
 from hpctrain.runtime.world import build_topology
@@ -99,8 +100,9 @@ def test_ping_pong_and_allreduce_are_delayed_by_latency_plus_bytes_over_bandwidt
 @pytest.mark.mpi(ranks=(3,))
 def test_ranks_on_one_emulated_node_are_not_delayed_and_three_nodes_are():
     """node_size 2 over 3 ranks: {0, 1} share a node, rank 2 is alone. A ping-pong inside
-    the node waits for nothing; one across nodes waits latency + bytes / bandwidth. Then a
-    3-node ring allreduce (node_size 1, a non-power of two): 4 steps of a third each."""
+    the node waits for nothing; one across nodes waits latency + bytes / bandwidth. Then
+    over 3 nodes (node_size 1, a non-power of two): a ring allreduce (4 steps of a third
+    each) and the all-to-all."""
     two = Group(WORLD, CommConfig(node_size=2, emulate=EMULATE))
     two_plain = Group(WORLD, CommConfig(node_size=2))
     assert two.layout.nodes == 2 and two.link.remote(2 - WORLD.rank) is (WORLD.rank != 1)
@@ -133,6 +135,23 @@ def test_ranks_on_one_emulated_node_are_not_delayed_and_three_nodes_are():
     extra = extra_time(lambda: run(three), lambda: run(plain))
     expected = 4 * delay(data.nbytes / 3)
     assert 0.9 <= ratio(extra, expected) <= 1.1, (extra, expected)
+
+    # All-to-all, each rank sending m bytes to each other rank: the counts' MPI_Allgather
+    # by the model (ceil(log2 3) = 2 latencies, 96 bytes), then the pairwise exchange's 2
+    # rounds of one message each way, or MPI_Alltoallv by the model (2 latencies and the
+    # busiest node's 2 m bytes).
+    m = NBYTES // 4
+    send = np.full(3 * m, WORLD.rank, np.uint8)
+    counts = np.full(3, m)
+    count_exchange = 2 * LATENCY_S + 96 / BANDWIDTH
+    for algorithm, expected in (("pairwise", count_exchange + 2 * delay(m)),
+                                ("native", count_exchange + 2 * LATENCY_S
+                                 + 2 * m / BANDWIDTH)):
+        def exchange(group, algorithm=algorithm):
+            got, _ = alltoallv(send, counts, comm=group, algorithm=algorithm)
+            np.testing.assert_array_equal(got, np.repeat(np.arange(3, dtype=np.uint8), m))
+        extra = extra_time(lambda: exchange(three), lambda: exchange(plain))
+        assert 0.9 <= ratio(extra, expected) <= 1.1, (algorithm, extra, expected)
     for group in (plain, three):
         group.free()
 
