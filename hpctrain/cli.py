@@ -68,6 +68,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 mode = "hybrid" if local else "full"  # SGD needs the dense part on workers
                 config = load_config(args.job, ["ps.servers=1", f"ps.mode={mode!r}", *args.set,
                                                 *_command_overrides(args)])
+        if args.command == "bench" and args.bench in ("allreduce", "calibrate") and \
+                config.comm.emulate:
+            raise ConfigError(f"bench {args.bench}: comm.emulate is set, but this benchmark "
+                              f"measures against MPI_Allreduce called directly, which the "
+                              f"emulated network does not delay; use hpctrain bench emulate")
+        if args.command == "bench" and args.bench == "emulate" and not (
+                config.comm.emulate and config.comm.node_size):
+            raise ConfigError("bench emulate: set comm.emulate (e.g. '20000,0.4') and "
+                              "comm.node_size (ranks per emulated node)")
         setup_logging(world_rank(), config.runtime.log_level)
         topo = build_topology(config) if args.command in _NEEDS_WORLD else None
     except HpctrainError as exc:
@@ -182,6 +191,10 @@ def _parser() -> argparse.ArgumentParser:
     bench_data.add_arguments(data)
     _bench_allreduce_args(command("allreduce", "time allreduce for each algorithm against "
                                   "native MPI_Allreduce", benches))
+    from hpctrain.bench import emulate as bench_emulate
+    bench_emulate.add_arguments(command("emulate", "check comm.emulate: extra time of a "
+                                        "ping-pong and allreduces over the delay predicted",
+                                        benches))
     command("calibrate", "measure the cost model's alpha/beta parameters and write them "
                          "(point comm.calibration at the file)", benches).add_argument(
         "--out", default="comm-calibration.json", help="output file (default: %(default)s)")
@@ -479,6 +492,16 @@ def _bench_alltoall(args: argparse.Namespace, config: JobConfig,
     return 0
 
 
+def _bench_emulate(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -> int:
+    from hpctrain.bench import emulate as bench_emulate
+    from hpctrain.bench.report import print_rows
+
+    rows = bench_emulate.run(args, topo)
+    if rows is not None:
+        print_rows(rows, bench_emulate.COLUMNS, args.json)
+    return 0
+
+
 def _bench_comm(args: argparse.Namespace, config: JobConfig, topo: Topology | None) -> int:
     from hpctrain.comm.owner import communicators
 
@@ -501,7 +524,8 @@ _COMMANDS = {"train": _train, "info": _info, "preprocess": _preprocess, "config"
              "bench": _bench, "compare-sync": _compare_sync, "trace": _trace}
 _BENCHES = {"ps": _bench_ps, "pipeline": _bench_pipeline, "tiering": _bench_tiering,
             "allreduce": _bench_comm, "calibrate": _bench_comm, "alltoall": _bench_alltoall,
-            "embeddings": _bench_embeddings, "dlrm": _bench_dlrm, "data": _bench_data}
+            "embeddings": _bench_embeddings, "dlrm": _bench_dlrm, "data": _bench_data,
+            "emulate": _bench_emulate}
 _OFFLINE = {"report": _report, "sweep": _sweep}
 _NEEDS_WORLD = {"train", "info", "bench", "compare-sync"}
 

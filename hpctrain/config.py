@@ -14,6 +14,7 @@ README.md carries.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import tomllib
@@ -41,6 +42,7 @@ __all__ = [
     "JobConfig",
     "load_config",
     "staleness_bound",
+    "emulated_network",
     "local_period",
     "dump_toml",
     "doc_table",
@@ -345,8 +347,17 @@ class CommConfig:
                                         "bf16/fp16 halve its bytes (float32 accumulation and "
                                         "master copy; fp16 scaled per bucket to fit)",
                              choices=("float32", "bf16", "fp16"))
+    emulate: str = option("", "emulated network 'LATENCY_US,GBPS' (e.g. '20,10'): messages "
+                              "between ranks of different nodes (comm.node_size; each "
+                              "parameter server its own node) arrive latency + bytes / "
+                              "bandwidth late; empty: off")
 
     def __post_init__(self) -> None:
+        network = emulated_network(self.emulate)
+        if network is not None and self.algorithm == "torch":
+            raise ConfigError("comm.emulate: comm.algorithm = 'torch' reduces through "
+                              "gloo/NCCL, whose messages the emulated network cannot delay; "
+                              "use auto or one of the toolkit's algorithms")
         if self.wire_dtype != "float32" and self.algorithm in ("native", "torch"):
             raise ConfigError(f"comm.wire_dtype = {self.wire_dtype!r}: comm.algorithm = "
                               f"{self.algorithm!r} cannot carry it (MPI has no 16-bit float "
@@ -513,6 +524,28 @@ def _check_inputs(job: JobConfig) -> None:
                 raise ConfigError(f"data.{key}[{i}] = {path!r} is also {seen[real]}: a file "
                                   f"read twice, or in both training and held-out data")
             seen[real] = f"data.{key}[{i}]"
+
+
+def emulated_network(text: str, key: str = "comm.emulate") -> tuple[float, float] | None:
+    """``"LATENCY_US,GBPS"`` as (latency in seconds, bandwidth in bytes per second), or
+    ``None`` when empty; :class:`ConfigError` naming ``key`` otherwise."""
+    if not text.strip():
+        return None
+    parts = text.split(",")
+    try:
+        if len(parts) != 2:
+            raise ValueError
+        latency_us, gbps = float(parts[0]), float(parts[1])
+    except ValueError:
+        raise ConfigError(f"{key}: expected 'LATENCY_US,GBPS' (two numbers, e.g. '20,10'), "
+                          f"got {text!r}") from None
+    if not (math.isfinite(latency_us) and latency_us >= 0):
+        raise ConfigError(f"{key}: the latency must be a finite number >= 0 (microseconds), "
+                          f"got {parts[0].strip()!r}")
+    if not (math.isfinite(gbps) and gbps > 0):
+        raise ConfigError(f"{key}: the bandwidth must be a finite number > 0 (Gb/s), "
+                          f"got {parts[1].strip()!r}")
+    return latency_us * 1e-6, gbps * 1e9 / 8
 
 
 def staleness_bound(model: str, where: str = "sync.model") -> int | None:

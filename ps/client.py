@@ -30,6 +30,7 @@ from embeddings.optim import coalesce
 from embeddings.sharding import Placement
 from embeddings.tables import TableLayout
 from embeddings.types import BackingStore, RowSink, RowSource
+from hpctrain.comm.emulate import Channel
 from hpctrain.comm.wire import itemsize
 from hpctrain.errors import EmbeddingError
 from hpctrain.runtime import trace
@@ -63,7 +64,7 @@ class ClientStats:
     push_bytes_sent: int = 0  # pushes (headers, ids and gradient rows) and clock ticks
     pull_payload_bytes: int = 0  # of pull_bytes_received: the rows (ps.wire_dtype)
     push_payload_bytes: int = 0  # of push_bytes_sent: the gradient rows (ps.wire_dtype)
-    pull_wait_s: float = 0.0
+    pull_wait_s: float = 0.0  # waiting for pulls, less the emulated network's part
     prefetch_hits: int = 0
     rows_read: int = 0  # READ: rows taken over with their optimizer state
     rows_written: int = 0  # WRITE: rows handed back
@@ -88,15 +89,17 @@ class _Pending:
 
 
 class PSClient(BackingStore):
-    def __init__(self, comm: MPI.Intracomm, layout: TableLayout, placement: Placement,
+    def __init__(self, link: Channel, layout: TableLayout, placement: Placement,
                  servers: Sequence[int], table_groups: Sequence[int] | None = None,
                  state_width: int = 0, wire: str = "float32") -> None:
         """``table_groups[t]`` labels table ``t``'s sync model; tables of different labels
         never share a pull request, so each request is governed by one model.
         ``state_width``: the servers' optimizer state per row (for ``read``/``write``).
-        ``wire``: the format of pulled rows and pushed gradients (``ps.wire_dtype``)."""
+        ``wire``: the format of pulled rows and pushed gradients (``ps.wire_dtype``).
+        Messages go through ``link`` (the parameter-server communicator's channel)."""
         self.wire = wire
-        self.comm = comm
+        self.link = link
+        self.comm = link.comm
         self.layout = layout
         self.dim = layout.dim
         self.state_width = state_width
@@ -148,13 +151,14 @@ class PSClient(BackingStore):
             seq = self._next_seq()
             ack = np.empty(reply_capacity(0, self.dim), dtype=np.uint8)
             acks.append(ack)
-            receives.append(self.comm.Irecv(ack, source=self.servers[index], tag=reply_tag(seq)))
+            receives.append(self.link.Irecv(ack, source=self.servers[index], tag=reply_tag(seq)))
             buf = encode_request(Op.WRITE, self.clock, seq, 0, tables, counts, ids, values,
                                  positions=positions)
-            keep.append((self.comm.Isend(buf, dest=self.servers[index], tag=TAG_REQUEST), buf))
+            keep.append((self.link.Isend(buf, dest=self.servers[index], tag=TAG_REQUEST), buf))
             self.stats.move_bytes_sent += buf.nbytes
         self.stats.rows_written += len(rows)
-        wait_all(receives + [r for r, _ in keep], Wait("write", self.comm, self._peers(rows)))
+        self.link.wait_all(receives + [r for r, _ in keep],
+                           Wait("write", self.comm, self._peers(rows)))
         self.stats.move_bytes_received += sum(reply_bytes(ack) for ack in acks)
 
     def push(self, rows: np.ndarray, grads: np.ndarray, lr: float) -> None:
@@ -235,10 +239,10 @@ class PSClient(BackingStore):
         for index, _, tables, counts, ids, positions in self._split(rows, by_model=True):
             seq = self._next_seq()
             reply = np.empty(reply_capacity(len(ids), width), dtype=np.uint8)
-            recv = self.comm.Irecv(reply, source=self.servers[index], tag=reply_tag(seq))
+            recv = self.link.Irecv(reply, source=self.servers[index], tag=reply_tag(seq))
             buf = encode_request(op, step, seq, slack, tables, counts, ids,
                                  wire=self.wire if op == Op.PULL else "float32")
-            pending.sends.append((self.comm.Isend(buf, dest=self.servers[index],
+            pending.sends.append((self.link.Isend(buf, dest=self.servers[index],
                                                   tag=TAG_REQUEST), buf))
             pending.parts.append((reply, positions, recv))
             pending.servers += (self.servers[index],)
@@ -252,9 +256,10 @@ class PSClient(BackingStore):
 
     def _complete(self, pending: _Pending) -> np.ndarray:
         start = time.perf_counter()
-        wait_all([recv for *_, recv in pending.parts] + [r for r, _ in pending.sends],
-                 Wait("pull", self.comm, pending.servers))
-        self.stats.pull_wait_s += time.perf_counter() - start
+        emulated = self.link.wait_all([recv for *_, recv in pending.parts] +
+                                      [r for r, _ in pending.sends],
+                                      Wait("pull", self.comm, pending.servers))
+        self.stats.pull_wait_s += time.perf_counter() - start - emulated
         out = None
         for reply, positions, _ in pending.parts:
             values = decode_reply(reply, len(positions), pending.width)
@@ -276,7 +281,7 @@ class PSClient(BackingStore):
         return np.empty((0, pending.width), np.float32) if out is None else out
 
     def _send(self, index: int, buf: np.ndarray) -> None:
-        request = self.comm.Isend(buf, dest=self.servers[index], tag=TAG_REQUEST)
+        request = self.link.Isend(buf, dest=self.servers[index], tag=TAG_REQUEST)
         self._sends.append((request, buf))
 
     def _peers(self, rows: np.ndarray) -> tuple[int, ...]:

@@ -40,7 +40,10 @@ message layouts in :mod:`ps.types`):
    staleness is 0 by that rule and is not recorded with the training reads'.
 
 Receives are non-blocking probes on ``ANY_SOURCE`` with a backoff
-(:class:`hpctrain.runtime.waits.Backoff`) so an idle server leaves its core to the workers.
+(:class:`hpctrain.runtime.waits.Backoff`) so an idle server leaves its core to the workers,
+through the parameter-server communicator's :class:`~hpctrain.comm.emulate.Channel`: with
+``comm.emulate`` a request is handled once its emulated arrival time has passed, in order of
+arrival, and replies leave over this server's emulated link one after another.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ import numpy as np
 from mpi4py import MPI
 
 from embeddings.optim import coalesce
+from hpctrain.comm.emulate import Channel
 from hpctrain.errors import EmbeddingError, PSError
 from hpctrain.runtime import trace
 from hpctrain.runtime.waits import Backoff, Wait, wait_all
@@ -126,13 +130,15 @@ class _Parked:
 class Server:
     """Serves ``store``'s rows to the ``workers`` (ranks of ``comm``) under ``sync``."""
 
-    def __init__(self, comm: MPI.Intracomm, store: ShardStore, workers: Sequence[int],
+    def __init__(self, link: Channel, store: ShardStore, workers: Sequence[int],
                  models: Sequence[SyncModel], deterministic: bool = False,
                  clock: int = 0, on_save: Callable[[ShardStore, int], None] | None = None
                  ) -> None:
         """``models[t]`` governs table ``t``; every worker starts at ``clock`` (a resumed
-        run's step); ``on_save(store, step)`` writes a checkpoint of the shard."""
-        self.comm = comm
+        run's step); ``on_save(store, step)`` writes a checkpoint of the shard. Messages go
+        through ``link``, the parameter-server communicator's channel."""
+        self.link = link
+        self.comm = comm = link.comm
         self.store = store
         self.dim = store.layout.dim
         self.models = list(models)
@@ -160,27 +166,25 @@ class Server:
     def serve(self) -> ServerStats:
         """Run until every worker is done; returns the counters."""
         self._load_kernels()
-        status = MPI.Status()
         backoff = Backoff()
         first = None
         # idle: workers may compute for long; the watchdog ends the loop only when one stopped
         with Wait("serve", self.comm, tuple(self.active), idle=True):
-            while self.active or self.parked:
-                message = self.comm.Improbe(MPI.ANY_SOURCE, TAG_REQUEST, status)
-                if message is None:
+            while self.active or self.parked or self.link.holding:
+                received = self.link.receive(TAG_REQUEST)
+                if received is None:
                     self._reap_sends()
-                    backoff.idle()
+                    backoff.idle(self.link.next_arrival_in())
                     continue
                 start, cpu = time.perf_counter(), time.thread_time()
                 first = start if first is None else first
                 backoff.reset()
-                buf = np.empty(status.Get_count(MPI.BYTE), dtype=np.uint8)
-                message.Recv(buf)
+                source, buf = received
                 self.stats.bytes_in += buf.nbytes
                 request = decode_request(buf, self.dim)
-                with trace.span(f"serve {request.op.name.lower()}",
-                                source=status.Get_source(), step=request.step):
-                    self._handle(status.Get_source(), request)
+                with trace.span(f"serve {request.op.name.lower()}", source=source,
+                                step=request.step):
+                    self._handle(source, request)
                 self.stats.busy_s += time.perf_counter() - start
                 self.stats.busy_cpu_s += time.thread_time() - cpu
         wait_all([r for r, _ in self.sending], Wait("send", self.comm, tuple(self.clock)))
@@ -262,7 +266,7 @@ class Server:
                 reply = encode_rows(tables.pull(slots), request.wire)
                 self.stats.rows_out += len(slots)
         self.stats.bytes_out += reply.nbytes
-        self.sending.append((self.comm.Isend(reply, dest=source, tag=reply_tag(request.seq)),
+        self.sending.append((self.link.Isend(reply, dest=source, tag=reply_tag(request.seq)),
                              reply))
 
     def _record_staleness(self, source: int, request: Request) -> None:
@@ -337,7 +341,7 @@ class Server:
         self.stats.rows_written += len(slots)
         reply = encode_rows(np.empty((0, self.dim), dtype=np.float32))
         self.stats.bytes_out += reply.nbytes
-        self.sending.append((self.comm.Isend(reply, dest=source, tag=reply_tag(request.seq)),
+        self.sending.append((self.link.Isend(reply, dest=source, tag=reply_tag(request.seq)),
                              reply))
 
     def _slots(self, request: Request) -> tuple[np.ndarray, bool]:

@@ -2,8 +2,11 @@
 
 :meth:`PSJob.create` is collective over the world: rank 0 computes the sharding plan and
 broadcasts it (so every rank routes by the very same plan), and every rank ``Dup``s the world
-into the parameter-server communicator, whose tags belong to the protocol alone. Then
-server ranks :meth:`~PSJob.serve` and worker ranks talk to them through :meth:`~PSJob.client`.
+into the parameter-server communicator, whose tags belong to the protocol alone; its
+messages go through a :class:`~hpctrain.comm.emulate.Channel` that, with ``comm.emulate``,
+delays those between emulated nodes (workers in blocks of ``comm.node_size``, each server a
+node of its own). Then server ranks :meth:`~PSJob.serve` and worker ranks talk to them
+through :meth:`~PSJob.client`.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from mpi4py import MPI
 from embeddings.optim import SparseOptimizer
 from embeddings.sharding import Placement, ShardingPlan, plan_sharding
 from embeddings.tables import TableLayout
-from hpctrain.config import PSConfig
+from hpctrain.comm import emulate
+from hpctrain.comm.emulate import Channel
+from hpctrain.config import CommConfig, PSConfig
 from hpctrain.runtime.env import current_rss_bytes
 from hpctrain.runtime.topology import Roles
 from hpctrain.sync.types import SyncModel
@@ -32,7 +37,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class PSJob:
-    comm: MPI.Intracomm
+    comm: Channel
     roles: Roles
     layout: TableLayout
     plan: ShardingPlan
@@ -41,8 +46,9 @@ class PSJob:
 
     @classmethod
     def create(cls, world: MPI.Intracomm, roles: Roles, layout: TableLayout,
-               config: PSConfig, seed: int) -> PSJob:
-        """Plan on rank 0, ``bcast`` it, ``Dup`` the world; collective over ``world``."""
+               config: PSConfig, seed: int, comm: CommConfig | None = None) -> PSJob:
+        """Plan on rank 0, ``bcast`` it, ``Dup`` the world; collective over ``world``.
+        ``comm``: the job's ``comm.emulate`` and ``comm.node_size``."""
         text = None
         if world.Get_rank() == 0:
             plan = plan_sharding(layout.specs, roles.servers, config.sharding,
@@ -50,9 +56,12 @@ class PSJob:
             text = plan.to_json()
             log.info("sharding plan: %s", plan.describe())
         plan = ShardingPlan.from_json(world.bcast(text, root=0))
-        comm = world.Dup()
-        comm.Set_name("hpctrain.ps")
-        return cls(comm, roles, layout, plan, Placement(plan), config.wire_dtype)
+        dup = world.Dup()
+        dup.Set_name("hpctrain.ps")
+        comm = comm or CommConfig()
+        nodes = emulate.ps_nodes(roles.workers, roles.servers, comm.node_size)
+        return cls(Channel(dup, nodes, emulate.network(comm)), roles, layout, plan,
+                   Placement(plan), config.wire_dtype)
 
     def client(self, models: Sequence[SyncModel] | None = None,
                state_width: int = 0) -> PSClient:

@@ -49,7 +49,8 @@ def run(args: argparse.Namespace, topo: Topology) -> list[dict[str, Any]] | None
     layout = TableLayout.from_sizes([args.rows] * args.tables, args.dim)
     optimizer = SparseOptimizer(args.optimizer)
     job = PSJob.create(topo.world, topo.roles, layout,
-                       PSConfig(servers=topo.roles.servers, sharding="row_hash"), seed=0)
+                       PSConfig(servers=topo.roles.servers, sharding="row_hash"), seed=0,
+                       comm=topo.comm_config)
     if topo.is_worker:
         mine = _worker(args, topo, job, layout, optimizer)
         facts = None

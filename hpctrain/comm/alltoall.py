@@ -14,6 +14,10 @@ bytes of the whole exchange:
   of the others' rows: two copies per byte and no MPI message (:mod:`hpctrain.comm.shm`);
 - ``native``: ``MPI_Alltoallv`` itself, the baseline.
 
+Under ``comm.emulate`` the pairwise messages go through the group's
+:class:`~hpctrain.comm.emulate.Channel`; after ``MPI_Alltoallv`` (and the counts'
+``MPI_Allgather``) each rank waits the emulated time of the busiest node's bytes across nodes.
+
 A second module beside the in-place :class:`~hpctrain.comm.types.Algorithm` families
 because an exchange has a different shape: its input and output differ in length and its
 cost depends on the count matrix, not on one buffer size.
@@ -21,6 +25,7 @@ cost depends on the count matrix, not on one buffer size.
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
@@ -31,7 +36,7 @@ from mpi4py import MPI
 from hpctrain.comm.shm import sync_cost
 from hpctrain.comm.types import Cost, CostParams, Layout, Link
 from hpctrain.errors import CommError
-from hpctrain.runtime.waits import Wait, wait_all
+from hpctrain.runtime.waits import Wait
 
 if TYPE_CHECKING:
     from hpctrain.comm.group import Group
@@ -104,7 +109,7 @@ class Pairwise(Exchange):
         return Cost(latency_s=latency, transfer_s=transfer + copy)
 
     def run(self, send: np.ndarray, out: np.ndarray, matrix: Matrix, group: Group) -> None:
-        comm, p, r = group.comm, group.size, group.rank
+        comm, p, r = group.link, group.size, group.rank
         so, ro = _offsets(matrix.bytes[r]), _offsets(matrix.bytes[:, r])
         out[ro[r]:ro[r + 1]] = send[so[r]:so[r + 1]]
         for k in range(1, p):
@@ -115,7 +120,7 @@ class Pairwise(Exchange):
             if so[dst + 1] > so[dst]:
                 requests.append(comm.Isend(send[so[dst]:so[dst + 1]], dest=dst, tag=k))
             if requests:
-                wait_all(requests, Wait("alltoallv", comm, (dst, src)))
+                comm.wait_all(requests, Wait("alltoallv", group.comm, (dst, src)))
 
 
 class SharedMemory(Exchange):
@@ -165,8 +170,20 @@ class NativeAlltoallv(Exchange):
     def run(self, send: np.ndarray, out: np.ndarray, matrix: Matrix, group: Group) -> None:
         r = group.rank
         sc, rc = matrix.bytes[r], matrix.bytes[:, r]
+        started = time.perf_counter()
         group.comm.Alltoallv([send, sc, _offsets(sc)[:-1], MPI.BYTE],
                              [out, rc, _offsets(rc)[:-1], MPI.BYTE])
+        group.link.library(started, _busiest_across(matrix, group.link.nodes),
+                           matrix.size - 1)
+
+
+def _busiest_across(matrix: Matrix, nodes: list[int]) -> float:
+    """Bytes the busiest emulated node sends or receives across nodes."""
+    labels = np.asarray(nodes)
+    across = np.where(labels[:, None] != labels[None, :], matrix.bytes, 0)
+    sent = np.bincount(labels, across.sum(axis=1))
+    received = np.bincount(labels, across.sum(axis=0))
+    return float(max(sent.max(), received.max()))
 
 
 EXCHANGES: tuple[Exchange, ...] = (SharedMemory(), Pairwise(), NativeAlltoallv())
@@ -197,7 +214,9 @@ def exchange_counts(counts: np.ndarray, group: Group, extra: int = 0
     mine[:-1] = counts
     mine[-1] = extra
     every = np.empty((group.size, group.size + 1), np.int64)
+    started = time.perf_counter()
     group.comm.Allgather(mine, every)
+    group.link.library(started, mine.nbytes * group.size)
     return every[:, :-1], every[:, -1]
 
 

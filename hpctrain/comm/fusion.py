@@ -205,11 +205,11 @@ class FusedGradients:
                                    "allreduce")
         between = None
         if self.group.layout.nodes > 1:
-            cross, kind = self.group.cross, dtype.kind
+            cross, kind = self.group.cross_link, dtype.kind
             scratch = np.empty(arr.size // self.group.layout.local_size + 1, arr.dtype)
 
             def between(part: np.ndarray) -> None:
-                with watching("allreduce", cross):  # may run in a gradient hook
+                with watching("allreduce", cross.comm):  # may run in a gradient hook
                     ring.allreduce(part, cross, OP_KERNEL["sum"], kind, scratch)
         return window.ResidentAllreduce(arr, resident, index + 1, OP_KERNEL["sum"], dtype.kind,
                                      between)

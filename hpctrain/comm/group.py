@@ -8,10 +8,17 @@ communicators (the ranks that share a local rank across nodes), reads the cost p
 windows, scratch buffers and torch.distributed process groups (on its own
 :class:`~hpctrain.runtime.torchdist.Rendezvous`, made on first use). Construction is
 collective over ``comm``.
+
+Point-to-point messages of the algorithms go through ``link`` (over ``comm``) and
+``cross_link`` (over ``cross``), :class:`~hpctrain.comm.emulate.Channel` objects whose
+nodes are this group's nodes: with ``comm.emulate`` they delay messages between nodes, the
+shared-memory paths stay inside a node, and the cost model's ``net`` link becomes the
+emulated one, so ``auto`` chooses for the emulated network.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import asdict
 from typing import Any
@@ -19,8 +26,10 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from hpctrain.comm import emulate
 from hpctrain.comm.calibration import read_params
-from hpctrain.comm.types import CostParams, Layout
+from hpctrain.comm.emulate import Channel
+from hpctrain.comm.types import CostParams, Layout, Link
 from hpctrain.comm.window import Resident, Window
 from hpctrain.config import CommConfig
 from hpctrain.errors import CommError
@@ -74,6 +83,15 @@ class Group:
             oversubscribed=self._physical.Get_size() > len(cores))
         self.spin = 0 if self.layout.oversubscribed else _SPIN
         self.params = params if params is not None else self._read_params()
+        network = emulate.network(self.config)
+        if network is not None:
+            label = self.node.bcast(self.rank, root=0)
+            self.params = dataclasses.replace(
+                self.params, net=Link(network.latency_s, 1.0 / network.bandwidth))
+        else:
+            label = 0
+        self.link = Channel.over(self.comm, label, network)
+        self.cross_link = Channel.over(self.cross, label, network)
         self.plans: dict[tuple[Any, ...], Any] = {}  # distinct requests -> algorithm
         self.calls: dict[tuple[Any, ...], Any] = {}  # recent buffers -> prepared call
         self._arena: Window | None = None
@@ -171,6 +189,8 @@ class Group:
             self._arena = None
         self._torch.clear()
         self._rendezvous = None
+        self.link.close()
+        self.cross_link.close()
         comms = [self.cross, self.node, self.comm]
         if self.node is not self._physical:
             comms.append(self._physical)

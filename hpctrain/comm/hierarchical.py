@@ -47,7 +47,7 @@ class Hierarchical(Algorithm):
 
     def run(self, req: Request, arr: np.ndarray, group: Group) -> None:
         op, kind = OP_KERNEL[req.op], req.dtype.kind
-        cross = group.cross
+        cross = group.cross_link
         scratch = group.scratch(-(-arr.size // (group.layout.local_size * cross.Get_size()))
                                 + 1, arr.dtype)
 

@@ -10,6 +10,7 @@ reduce, and round back (float32 accumulation, one rounding).
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -85,9 +86,13 @@ def library_cost(link: Link, req: Request, layout: Layout, params: CostParams) -
         alpha, beta = max(alpha, params.net.alpha), max(beta, params.net.beta)
     if layout.oversubscribed:
         alpha *= params.oversubscribed
-    volume = {"allreduce": 2.0 * (p - 1) / p * n, "reduce_scatter": (p - 1) / p * n,
-              "allgather": (p - 1) / p * n, "broadcast": 2.0 * n, "reduce": 2.0 * n}
-    return Cost(latency_s=alpha * layout.log2, transfer_s=beta * volume[req.primitive])
+    return Cost(latency_s=alpha * layout.log2, transfer_s=beta * n * _VOLUME[req.primitive](p))
+
+
+_VOLUME = {"allreduce": lambda p: 2.0 * (p - 1) / p, "reduce_scatter": lambda p: (p - 1) / p,
+           "allgather": lambda p: (p - 1) / p, "broadcast": lambda p: 2.0,
+           "reduce": lambda p: 2.0}
+"""Bytes each of ``p`` members sends in a bandwidth-optimal schedule, per buffer byte."""
 
 
 class Native(Algorithm):
@@ -101,6 +106,15 @@ class Native(Algorithm):
         return library_cost(params.native, req, layout, params)
 
     def run(self, req: Request, arr: np.ndarray, group: Group) -> None:
+        """The MPI call, then (``comm.emulate``) the emulated time of a bandwidth-optimal
+        schedule over the group's emulated nodes (:meth:`Channel.library`)."""
+        started = time.perf_counter()
+        self._run(req, arr, group)
+        nodes = group.link.node_count
+        group.link.library(started, _VOLUME[req.primitive](nodes) * req.nbytes)
+
+    @staticmethod
+    def _run(req: Request, arr: np.ndarray, group: Group) -> None:
         comm, prim = group.comm, req.primitive
         if prim == "broadcast":
             comm.Bcast(arr, root=req.root)

@@ -4,7 +4,7 @@ Both first fold a non-power-of-two group onto ``q = 2^floor(log2 p)`` ranks: eac
 first ``2 (p - q)`` ranks pairs up, the even one sends its buffer to the odd one and waits.
 The ``q`` active ranks then run a power-of-two schedule and finally send the result back
 to the folded ranks. All messages are ``MPI_Sendrecv``/``MPI_Send``/``MPI_Recv`` on the
-given communicator.
+given communicator, through its :class:`~hpctrain.comm.emulate.Channel`.
 
 - Recursive doubling: ``log2 q`` steps, each exchanging the whole buffer with the partner
   ``rank ^ mask`` and reducing. Latency-optimal, for small messages. Both partners
@@ -19,13 +19,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-from mpi4py import MPI
 
 from hpctrain.comm import kernels
 from hpctrain.comm.algorithm import Algorithm
 from hpctrain.comm.types import OP_KERNEL, Cost, CostParams, Layout, Request
 
 if TYPE_CHECKING:
+    from hpctrain.comm.emulate import Channel
     from hpctrain.comm.group import Group
 
 __all__ = ["RecursiveDoubling", "HalvingDoubling", "RECURSIVE_DOUBLING", "HALVING_DOUBLING",
@@ -34,7 +34,7 @@ __all__ = ["RecursiveDoubling", "HalvingDoubling", "RECURSIVE_DOUBLING", "HALVIN
 _TAG = 72
 
 
-def _fold(arr: np.ndarray, comm: MPI.Intracomm, op: int, kind: int,
+def _fold(arr: np.ndarray, comm: Channel, op: int, kind: int,
           scratch: np.ndarray) -> tuple[int, int]:
     """Fold onto a power of two; returns (rank among the active ranks or -1, active size)."""
     p, r = comm.Get_size(), comm.Get_rank()
@@ -52,7 +52,7 @@ def _fold(arr: np.ndarray, comm: MPI.Intracomm, op: int, kind: int,
     return r - extra, q
 
 
-def _unfold(arr: np.ndarray, comm: MPI.Intracomm) -> None:
+def _unfold(arr: np.ndarray, comm: Channel) -> None:
     p, r = comm.Get_size(), comm.Get_rank()
     extra = p - (1 << (p.bit_length() - 1))
     if r < 2 * extra:
@@ -66,7 +66,7 @@ def _world_rank(active: int, extra: int) -> int:
     return 2 * active + 1 if active < extra else active + extra
 
 
-def recursive_doubling(arr: np.ndarray, comm: MPI.Intracomm, op: int, kind: int,
+def recursive_doubling(arr: np.ndarray, comm: Channel, op: int, kind: int,
                        scratch: np.ndarray) -> None:
     """Allreduce of the whole ``arr`` by recursive doubling over ``comm``."""
     p = comm.Get_size()
@@ -82,7 +82,7 @@ def recursive_doubling(arr: np.ndarray, comm: MPI.Intracomm, op: int, kind: int,
     _unfold(arr, comm)
 
 
-def halving_doubling(arr: np.ndarray, comm: MPI.Intracomm, op: int, kind: int,
+def halving_doubling(arr: np.ndarray, comm: Channel, op: int, kind: int,
                      scratch: np.ndarray) -> None:
     """Allreduce by recursive halving (reduce-scatter) then doubling (allgather)."""
     p = comm.Get_size()
@@ -137,7 +137,7 @@ class RecursiveDoubling(_Recursive):
                                                                      params.gamma)
 
     def run(self, req: Request, arr: np.ndarray, group: Group) -> None:
-        recursive_doubling(arr, group.comm, OP_KERNEL[req.op], req.dtype.kind,
+        recursive_doubling(arr, group.link, OP_KERNEL[req.op], req.dtype.kind,
                            group.scratch(arr.size, arr.dtype))
 
 
@@ -155,7 +155,7 @@ class HalvingDoubling(_Recursive):
             layout, n, alpha, beta, params.gamma)
 
     def run(self, req: Request, arr: np.ndarray, group: Group) -> None:
-        halving_doubling(arr, group.comm, OP_KERNEL[req.op], req.dtype.kind,
+        halving_doubling(arr, group.link, OP_KERNEL[req.op], req.dtype.kind,
                          group.scratch(arr.size, arr.dtype))
 
 

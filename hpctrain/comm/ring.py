@@ -5,7 +5,8 @@ sends chunk ``r-s-1`` to its right neighbour and receives chunk ``r-s-2`` from i
 one, reducing it into its own copy; after ``p-1`` steps rank ``r`` holds the total of
 chunk ``r``. Allgather then circulates the finished chunks the same way. Each rank sends
 ``(p-1)/p`` of the buffer per phase, so allreduce moves ``2 (p-1)/p * n`` bytes per rank
-whatever ``p`` is. All messages are ``MPI_Sendrecv`` on the given communicator.
+whatever ``p`` is. All messages are ``MPI_Sendrecv`` on the given communicator, through its
+:class:`~hpctrain.comm.emulate.Channel` (which delays those between emulated nodes).
 """
 
 from __future__ import annotations
@@ -13,13 +14,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-from mpi4py import MPI
 
 from hpctrain.comm import kernels
 from hpctrain.comm.algorithm import Algorithm
 from hpctrain.comm.types import OP_KERNEL, Cost, CostParams, Layout, Request, chunk_bounds
 
 if TYPE_CHECKING:
+    from hpctrain.comm.emulate import Channel
     from hpctrain.comm.group import Group
 
 __all__ = ["Ring", "RING", "reduce_scatter", "allgather", "allreduce", "ring_cost"]
@@ -27,7 +28,7 @@ __all__ = ["Ring", "RING", "reduce_scatter", "allgather", "allreduce", "ring_cos
 _TAG = 71
 
 
-def reduce_scatter(arr: np.ndarray, comm: MPI.Intracomm, op: int, kind: int,
+def reduce_scatter(arr: np.ndarray, comm: Channel, op: int, kind: int,
                    scratch: np.ndarray) -> None:
     """Ring reduce-scatter: afterwards chunk ``rank`` of ``arr`` holds the total over
     ``comm``; ``scratch`` holds at least one chunk."""
@@ -41,7 +42,7 @@ def reduce_scatter(arr: np.ndarray, comm: MPI.Intracomm, op: int, kind: int,
         kernels.reduce_pair(arr[b[inc]:b[inc + 1]], tmp, op, kind)
 
 
-def allgather(arr: np.ndarray, comm: MPI.Intracomm) -> None:
+def allgather(arr: np.ndarray, comm: Channel) -> None:
     """Ring allgather: chunk ``k`` of every rank's ``arr`` becomes rank ``k``'s chunk."""
     p, r = comm.Get_size(), comm.Get_rank()
     b = chunk_bounds(arr.size, p)
@@ -51,7 +52,7 @@ def allgather(arr: np.ndarray, comm: MPI.Intracomm) -> None:
         comm.Sendrecv(arr[b[out]:b[out + 1]], right, _TAG, arr[b[inc]:b[inc + 1]], left, _TAG)
 
 
-def allreduce(arr: np.ndarray, comm: MPI.Intracomm, op: int, kind: int,
+def allreduce(arr: np.ndarray, comm: Channel, op: int, kind: int,
               scratch: np.ndarray) -> None:
     """Ring reduce-scatter then ring allgather over ``comm``."""
     if comm.Get_size() > 1:
@@ -70,7 +71,7 @@ def ring_cost(primitive: str, nbytes: float, p: int, link_alpha: float, link_bet
 
 
 class Ring(Algorithm):
-    """Ring allreduce, reduce-scatter and allgather over ``group.comm``."""
+    """Ring allreduce, reduce-scatter and allgather over ``group.comm`` (``group.link``)."""
 
     name = "ring"
     primitives = frozenset({"allreduce", "reduce_scatter", "allgather"})
@@ -85,9 +86,9 @@ class Ring(Algorithm):
         op, kind = OP_KERNEL[req.op], req.dtype.kind
         scratch = group.scratch(-(-arr.size // group.layout.size), arr.dtype)
         if req.primitive in ("allreduce", "reduce_scatter"):
-            reduce_scatter(arr, group.comm, op, kind, scratch)
+            reduce_scatter(arr, group.link, op, kind, scratch)
         if req.primitive in ("allreduce", "allgather"):
-            allgather(arr, group.comm)
+            allgather(arr, group.link)
 
 
 RING = Ring()

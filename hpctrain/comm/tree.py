@@ -5,7 +5,7 @@ Ranks are renumbered relative to the root (``v = (rank - root) mod p``). Reduce:
 ``v - mask`` and stops; the others receive from ``v + mask`` (when it exists) and reduce.
 Broadcast runs the same tree downwards. ``ceil(log2 p)`` rounds each, whole buffers, any
 ``p``: a latency-bound choice for small messages. Messages are ``MPI_Send``/``MPI_Recv``
-on the given communicator.
+on the given communicator, through its :class:`~hpctrain.comm.emulate.Channel`.
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-from mpi4py import MPI
 
 from hpctrain.comm import kernels
 from hpctrain.comm.algorithm import Algorithm
 from hpctrain.comm.types import OP_KERNEL, Cost, CostParams, Layout, Request
 
 if TYPE_CHECKING:
+    from hpctrain.comm.emulate import Channel
     from hpctrain.comm.group import Group
 
 __all__ = ["Tree", "TREE", "reduce", "broadcast"]
@@ -27,7 +27,7 @@ __all__ = ["Tree", "TREE", "reduce", "broadcast"]
 _TAG = 73
 
 
-def reduce(arr: np.ndarray, comm: MPI.Intracomm, root: int, op: int, kind: int,
+def reduce(arr: np.ndarray, comm: Channel, root: int, op: int, kind: int,
            scratch: np.ndarray) -> None:
     """Binomial-tree reduce of ``arr`` onto ``root`` (other ranks' ``arr`` is clobbered)."""
     p, r = comm.Get_size(), comm.Get_rank()
@@ -44,7 +44,7 @@ def reduce(arr: np.ndarray, comm: MPI.Intracomm, root: int, op: int, kind: int,
         mask <<= 1
 
 
-def broadcast(arr: np.ndarray, comm: MPI.Intracomm, root: int) -> None:
+def broadcast(arr: np.ndarray, comm: Channel, root: int) -> None:
     """Binomial-tree broadcast of ``root``'s ``arr``."""
     p, r = comm.Get_size(), comm.Get_rank()
     v = (r - root) % p
@@ -79,10 +79,10 @@ class Tree(Algorithm):
     def run(self, req: Request, arr: np.ndarray, group: Group) -> None:
         if req.primitive in ("allreduce", "reduce"):
             root = 0 if req.primitive == "allreduce" else req.root
-            reduce(arr, group.comm, root, OP_KERNEL[req.op], req.dtype.kind,
+            reduce(arr, group.link, root, OP_KERNEL[req.op], req.dtype.kind,
                    group.scratch(arr.size, arr.dtype))
         if req.primitive in ("allreduce", "broadcast"):
-            broadcast(arr, group.comm, req.root if req.primitive == "broadcast" else 0)
+            broadcast(arr, group.link, req.root if req.primitive == "broadcast" else 0)
 
 
 TREE = Tree()

@@ -33,10 +33,11 @@ class Backoff:
         self._spins = 0
         self._pause = _FIRST_PAUSE_S
 
-    def idle(self) -> None:
+    def idle(self, longest: float = _MAX_PAUSE_S) -> None:
+        """Spin or sleep, never longer than ``longest`` (when something is due then)."""
         self._spins += 1
         if self._spins > _SPINS:
-            time.sleep(self._pause)
+            time.sleep(min(self._pause, longest))
             self._pause = min(_MAX_PAUSE_S, self._pause * 2)
 
 

@@ -36,7 +36,8 @@ from hpctrain.runtime.topology import (
 from hpctrain.runtime.torchdist import Rendezvous
 from hpctrain.runtime.waiting import watching
 
-__all__ = ["Topology", "GridComms", "build_topology", "build_grid", "available_cores"]
+__all__ = ["Topology", "GridComms", "build_topology", "build_grid", "available_cores",
+           "emulation_notes"]
 
 WORKER, SERVER = "worker", "server"
 AXES = ("tensor", "pipeline", "data")
@@ -188,6 +189,14 @@ def build_topology(config: JobConfig, base: MPI.Intracomm | None = None) -> Topo
     rank = world.Get_rank()
     node = world.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
     node.Set_name("hpctrain.node")
+    if config.comm.emulate and node.Get_size() != world.Get_size():
+        raise ConfigError(f"comm.emulate = {config.comm.emulate!r} compares send and arrival "
+                          f"times on one clock, so every rank must run on one machine; this "
+                          f"job spans real nodes of {node.Get_size()} of its "
+                          f"{world.Get_size()} ranks")
+    if config.comm.emulate and rank == 0:
+        for note in emulation_notes(config, roles):
+            log.warning("%s", note)
     role_comm = world.Split(1 if roles.is_server(rank) else 0, key=rank)
     role_comm.Set_name("hpctrain.servers" if roles.is_server(rank) else "hpctrain.workers")
     rc = config.runtime
@@ -250,6 +259,22 @@ def build_grid(comm: MPI.Intracomm, grid: Grid, rendezvous: Rendezvous | None = 
     if position is None:
         return None
     return GridComms(grid, position, comms, torch_groups if rendezvous else None, local)
+
+
+def emulation_notes(config: JobConfig, roles: Roles) -> list[str]:
+    """What ``comm.emulate`` leaves undelayed in this job (warnings, one line each)."""
+    notes = []
+    size = config.comm.node_size
+    if not roles.servers and (size == 0 or size >= roles.workers):
+        notes.append(f"comm.emulate: all {roles.workers} workers sit on one emulated node "
+                     f"(comm.node_size = {size}) and there is no parameter server, so no "
+                     f"message is delayed; set comm.node_size below {roles.workers}")
+    par = config.parallel
+    if par.pp > 1 or (par.tp > 1 and par.backend == "torch"):
+        notes.append("comm.emulate: tensor/pipeline-parallel messages between stages (and "
+                     "over torch.distributed) are not delayed; only the collectives groups', "
+                     "the all-to-all's and the parameter server's are")
+    return notes
 
 
 def _check_fits(config: JobConfig, roles: Roles) -> None:

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable
 
 from embeddings.tables import TableLayout
+from hpctrain.comm import emulate
 from hpctrain.config import JobConfig
 from hpctrain.data import Dataset, open_dataset
 from hpctrain.models.dlrm import DLRM
@@ -103,7 +104,7 @@ class TrainingJob:
             self.models = table_models(config.sync.model, config.sync.table_models,
                                        [s.name for s in served.specs])
             self.ps = PSJob.create(topo.world, topo.roles, served, config.ps,
-                                   config.train.seed)
+                                   config.train.seed, config.comm)
         self.manifest = None
         if resume:  # world rank 0 checks; an error there ends the job while the others wait
             with Wait("bcast", topo.world):
@@ -139,6 +140,7 @@ class TrainingJob:
         serve. World rank 0 returns the summary ``work`` returned there, with the server
         counters, and writes it into the run directory."""
         summary, server_stats, trainer = Summary(), None, None
+        before = emulate.totals()
         if self.topo.is_worker:
             trainer = self.worker()
             summary = work(trainer) or summary
@@ -146,10 +148,12 @@ class TrainingJob:
         else:
             server_stats = self.serve()
         with Wait("gather", self.topo.world):
-            gathered = self.topo.world.gather(server_stats, root=0)
+            gathered = self.topo.world.gather((server_stats, emulate.totals() - before), root=0)
         if self.ps:
             self.ps.comm.Free()
         if self.topo.rank == 0:
-            summary.ps_servers = [s for s in gathered if s is not None]
+            summary.ps_servers = [s for s, _ in gathered if s is not None]
+            if self.config.comm.emulate:
+                summary.emulated = [e for _, e in gathered]
             trainer.finish(summary)
         return summary

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from embeddings.tiered import TieringStats
+from hpctrain.comm.emulate import NetStats
 from ps.client import ClientStats
 from ps.server import ServerStats
 
@@ -66,6 +67,9 @@ class Summary:
     """The step after which SIGTERM/SIGUSR1 stopped the run (0: it ran to the end)."""
     optimizer_state_bytes: list[int] = field(default_factory=list)
     """Per worker: bytes of dense optimizer state it holds (ZeRO: its shard)."""
+    emulated: list[NetStats] = field(default_factory=list)
+    """Per world rank, with ``comm.emulate``: seconds waited for the emulated network beyond
+    the real transfer, and the messages and bytes it delayed (received across nodes)."""
 
     @property
     def step_s(self) -> float:
@@ -93,7 +97,8 @@ class Summary:
                 "staleness": self.staleness(), "tiering": [t.as_dict() for t in self.tiering],
                 "dense_reduced_bytes": self.dense_reduced_bytes,
                 "dense_syncs": self.dense_syncs,
-                "optimizer_state_bytes": self.optimizer_state_bytes}
+                "optimizer_state_bytes": self.optimizer_state_bytes,
+                "emulated": [asdict(e) for e in self.emulated]}
 
     def staleness(self) -> dict[str, dict[str, float]]:
         """Per table, over all servers: reads, mean, p99 and max staleness in clocks."""
@@ -121,6 +126,8 @@ def format_summary(summary: Summary, workers: int) -> str:
         rows.append(_client_row(summary))
     if summary.tiering:
         rows.extend(_tiering_rows(summary))
+    if summary.emulated:
+        rows.append(_emulated_row(summary, workers))
     for s in summary.ps_servers:
         rows.append((f"server rank {s.rank}",
                      f"{s.pulls:,} pulls, {s.pushes:,} pushes, {s.rows_out:,} rows "
@@ -167,6 +174,16 @@ def _client_row(summary: Summary) -> tuple[str, str]:
             f"{wire / steps / 1024:,.1f} KiB/step, "
             f"pull wait {100 * c.pull_wait_s / max(summary.wall_s, 1e-9):.1f}% "
             f"of the run, {c.prefetch_hits:,} prefetch hits")
+
+
+def _emulated_row(summary: Summary, workers: int) -> tuple[str, str]:
+    """Seconds each worker waited for the emulated network, as shares of the run."""
+    wall = max(summary.wall_s, 1e-9)
+    shares = [e.emulated_s / wall for e in summary.emulated[:workers]]
+    messages = sum(e.messages for e in summary.emulated)
+    return ("emulated transfer", f"{100 * max(shares):.1f}% of the run max per worker ("
+            + ", ".join(f"{100 * s:.1f}" for s in shares[:8]) + f"); {messages:,} messages "
+            f"delayed, {sum(e.bytes for e in summary.emulated) / 2**20:,.1f} MiB")
 
 
 def _tiering_rows(summary: Summary) -> list[tuple[str, str]]:
