@@ -3,25 +3,32 @@
 Batch systems warn a job before they end it: Slurm sends the signal asked for with
 ``--signal=B:USR1@SECONDS`` (the batch script forwards it to the ranks), a preemption or
 ``scancel`` sends SIGTERM. :class:`Preemption` turns either into a flag (the handler only
-records it; nothing is interrupted). After every step the workers agree on it, one
-``MPI_Iallreduce(MAX)`` of a single integer over the workers completed by
-:func:`~hpctrain.runtime.waits.wait_all` (watched), so a signal that reached some ranks
-only, or reached them in different steps, still stops every worker after the same step.
-The trainer then writes a checkpoint of that step and ends; the command exits with
-:data:`EXIT_STOPPED` on every rank (:func:`exit_code`), the code the job scripts requeue on.
+records it; nothing is interrupted). After every step each worker starts one
+``MPI_Iallreduce(MAX)`` of its flag (and of whether its clock says a time-based checkpoint
+is due) over the workers and completes the one it started
+``lag`` steps earlier (0: this step's; watched, :func:`~hpctrain.runtime.waits.wait_all`): a
+signal that reached some ranks only, or reached them in different steps, still stops every
+worker after the same step, and the agreement never makes the workers meet at every step,
+which would turn SSP and ASP into BSP. With ``lag`` beyond the staleness the sync model
+allows, the completion never waits for a worker the model would not wait for either (under
+ASP it caps how far one worker runs ahead at ``lag`` steps). The trainer then writes a
+checkpoint of that step and ends; the command exits with :data:`EXIT_STOPPED` on every rank
+(:func:`exit_code`), the code the job scripts requeue on.
 """
 
 from __future__ import annotations
 
 import logging
 import signal
+from collections import deque
+from dataclasses import dataclass
 
 import numpy as np
 from mpi4py import MPI
 
 from hpctrain.runtime.waits import Wait, wait_all
 
-__all__ = ["EXIT_STOPPED", "SIGNALS", "Preemption", "exit_code"]
+__all__ = ["EXIT_STOPPED", "SIGNALS", "Agreed", "Preemption", "exit_code"]
 
 EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped by a signal after a checkpoint; resume the run dir
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -29,32 +36,55 @@ SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class Agreed:
+    """The workers' common verdict after a step."""
+
+    stop: bool
+    """Some worker was signalled: checkpoint this step and stop."""
+    save: bool
+    """Some worker's clock said a time-based checkpoint was due."""
+
+
 class Preemption:
     """Records SIGTERM/SIGUSR1 from installation on (every rank installs it, servers too,
-    so that SIGTERM does not kill one before the workers' checkpoint)."""
+    so that SIGTERM does not kill one before the workers' checkpoint); ``lag`` is the steps
+    between a flag's reduction starting and its result being read."""
 
-    def __init__(self) -> None:
+    def __init__(self, lag: int = 0) -> None:
         self.signal = 0
-        self._flag = np.zeros(1, dtype=np.int64)
-        self._agreed = np.zeros(1, dtype=np.int64)
+        self.lag = lag
+        self._pending: deque[tuple[MPI.Request, np.ndarray, np.ndarray]] = deque()
         self._previous = {s: signal.signal(s, self._record) for s in SIGNALS}
 
     def _record(self, signum: int, frame: object) -> None:
         self.signal = signum
 
-    def stop_now(self, comm: MPI.Intracomm) -> bool:
-        """Whether any member of ``comm`` has been signalled (collective over ``comm``:
-        one watched ``Iallreduce`` of one integer)."""
-        self._flag[0] = self.signal
-        if comm.Get_size() == 1:
-            self._agreed[0] = self._flag[0]
-        else:
-            wait_all([comm.Iallreduce(self._flag, self._agreed, op=MPI.MAX)],
-                     Wait("agree", comm))
-        if self._agreed[0]:
-            name = signal.Signals(int(self._agreed[0])).name
-            log.warning("%s received: stopping after this step with a checkpoint", name)
-        return bool(self._agreed[0])
+    def after_step(self, comm: MPI.Intracomm, save_due: bool) -> Agreed:
+        """What every member of ``comm`` does after this step, from the flags of ``lag``
+        steps ago: stop (a member had been signalled), checkpoint (a member's clock said one
+        was due: ``save_due``). Collective over ``comm``: one watched ``Iallreduce`` of two
+        integers per call, read ``lag`` calls later."""
+        flags = np.array([self.signal, int(save_due)], dtype=np.int64)
+        if comm.Get_size() > 1:
+            out = np.zeros(2, dtype=np.int64)
+            self._pending.append((comm.Iallreduce(flags, out, op=MPI.MAX), flags, out))
+            if len(self._pending) <= self.lag:
+                return Agreed(False, False)
+            request, _, flags = self._pending.popleft()
+            wait_all([request], Wait("agree", comm))
+        agreed = Agreed(bool(flags[0]), bool(flags[1]))
+        if agreed.stop:
+            log.warning("%s received: stopping after this step with a checkpoint",
+                        signal.Signals(int(flags[0])).name)
+            self.drain(comm)
+        return agreed
+
+    def drain(self, comm: MPI.Intracomm) -> None:
+        """Complete the reductions still in flight (after the last step; collective)."""
+        if self._pending:
+            wait_all([r for r, _, _ in self._pending], Wait("agree", comm))
+            self._pending.clear()
 
     def uninstall(self) -> None:
         for s, handler in self._previous.items():

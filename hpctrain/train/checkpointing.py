@@ -39,15 +39,14 @@ __all__ = ["Cadence", "shape_of", "check_compatible", "commit", "write_dense", "
 
 log = logging.getLogger(__name__)
 
-_AGREE_EVERY = 10  # steps between time-based decisions (one small bcast each)
-
 
 class Cadence:
-    """Decides, identically on every worker, whether a step ends with a checkpoint."""
+    """When a step ends with a checkpoint: by step count and at the end (the same on every
+    worker), or by time (:meth:`time_due`, this worker's clock, which the workers agree on
+    after the step: :meth:`hpctrain.runtime.preempt.Preemption.after_step`)."""
 
-    def __init__(self, config: CheckpointConfig, comm: MPI.Intracomm) -> None:
+    def __init__(self, config: CheckpointConfig) -> None:
         self.config = config
-        self.comm = comm
         self.last = time.monotonic()
         self.write_s: float | None = None
 
@@ -69,16 +68,14 @@ class Cadence:
         return min(choices) if choices else None
 
     def due(self, done: int, final: bool) -> bool:
-        """Whether step ``done`` (completed steps) checkpoints. Time-based decisions are
-        worker 0's, broadcast over the workers every few steps."""
+        """Whether step ``done`` (completed steps) checkpoints by count or at the end."""
         c = self.config
-        if (final and c.at_end) or (c.every_steps and done % c.every_steps == 0):
-            return True
+        return (final and c.at_end) or bool(c.every_steps and done % c.every_steps == 0)
+
+    def time_due(self) -> bool:
+        """Whether the time since the last checkpoint has reached the interval."""
         interval = self.interval_s()
-        if interval is None or done % _AGREE_EVERY:
-            return False
-        with Wait("bcast", self.comm):
-            return bool(self.comm.bcast(time.monotonic() - self.last >= interval, root=0))
+        return interval is not None and time.monotonic() - self.last >= interval
 
     def saved(self, seconds: float) -> None:
         self.last = time.monotonic()

@@ -83,7 +83,8 @@ class Trainer:
         self.run = (RunDir(config.train.run_dir or default_run_dir(), config)
                     if self.comm.Get_rank() == 0 else None)
         self.phase_s: dict[str, float] = defaultdict(float)
-        self.preemption = Preemption()  # SIGTERM/SIGUSR1: stop at an agreed step, resumable
+        # SIGTERM/SIGUSR1: stop at an agreed step, resumable
+        self.preemption = Preemption(agreement_lag(models if job is not None else None))
         sc = config.sync
         self.stragglers = Stragglers(self.comm.Get_rank(), sc.slow_workers, sc.slow_factor,
                                      sc.straggle_probability, sc.straggle_factor,
@@ -91,7 +92,7 @@ class Trainer:
         self.step_s: list[float] = []
         self.paused_s = 0.0  # evaluations and checkpoint writes, kept out of the run's clock
         self.lr_factor = lr_factor(sc.model, sc.ssp_lr)
-        self.cadence = checkpointing.Cadence(config.checkpoint, self.comm)
+        self.cadence = checkpointing.Cadence(config.checkpoint)
         self.parts = build_worker(config, topo, self.dataset, self.layout, job, models,
                                   manifest)
         self.engine, self.store = self.parts.engine, self.parts.store
@@ -354,14 +355,14 @@ class Trainer:
                 window_loss, window_n = 0.0, 0
             if tc.eval_every and (done % tc.eval_every == 0 or done == self.steps):
                 self._log_heldout(done, summary.samples, time.perf_counter() - start)
-            saved = self.cadence.due(done, final=done == self.steps)
-            if saved:
+            agreed = self.preemption.after_step(self.comm, self.cadence.time_due())
+            stop = agreed.stop and done < self.steps
+            if self.cadence.due(done, final=done == self.steps) or agreed.save or stop:
                 self.save_checkpoint(done)
-            if done < self.steps and self.preemption.stop_now(self.comm):
-                if not saved:
-                    self.save_checkpoint(done)
+            if stop:
                 summary.stopped_at = done
                 break
+        self.preemption.drain(self.comm)
         bar.close()
         return self._summarize(summary, time.perf_counter() - start - self.paused_s)
 
@@ -422,6 +423,20 @@ class Trainer:
         return _RankFacts(peak_rss_bytes() / 2**20, self.dataset.skipped, self.guard.skipped,
                           StepTimes.of(self.step_s, self.stragglers.delayed_s),
                           self.counters(), state)
+
+
+_ASP_LAG = 32  # under ASP, how far a worker may run ahead of the slowest one
+
+
+def agreement_lag(models: list[SyncModel] | None) -> int:
+    """Steps between a worker's stop flag and the workers' agreement on it: none where
+    the workers meet every step anyway (no servers), else beyond the largest staleness the
+    tables' sync models allow (plus prefetch's slack), so the agreement never holds a
+    worker the sync model would let run."""
+    if not models:
+        return 0
+    bounds = [m.bound for m in models]
+    return _ASP_LAG if None in bounds else max(bounds) + 2
 
 
 @dataclass

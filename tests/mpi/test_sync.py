@@ -124,3 +124,23 @@ def test_final_evaluation_sees_one_model_on_every_worker_under_asp(tmp_path):
         everyone = topo.role_comm.allgather(seen[0])
         for other in everyone[1:]:
             np.testing.assert_array_equal(everyone[0], other)
+
+
+@pytest.mark.mpi(ranks=(3,))
+def test_a_slow_worker_makes_reads_stale_under_ssp_and_asp(tmp_path):
+    """Nothing else makes the workers meet every step (the preemption and checkpoint
+    agreements run lagged): with worker 1 slow, the fast worker reads stale under SSP(2),
+    within the bound, and further under ASP; under BSP never."""
+    seen = {}
+    for model in ("bsp", "ssp:2", "asp"):
+        config = load_config(overrides=[
+            "ps.servers=1", "ps.mode='full'", f"sync.model={model!r}", "sync.slow_workers=[1]",
+            "sync.slow_factor=20", "data.table_sizes=[30, 200, 7]", "data.train_samples=3000",
+            "data.eval_samples=300", "train.steps=30", "train.batch_size=50",
+            "train.progress=false", f"train.run_dir={str(tmp_path / model.replace(':', ''))!r}"])
+        summary = run_training(config, build_topology(config))
+        seen[model] = summary.staleness().get("dense", {}).get("max")
+    if build_topology(config).rank == 0:
+        assert seen["bsp"] == 0, seen
+        assert 1 <= seen["ssp:2"] <= 3, seen  # the bound, plus prefetch's one clock of slack
+        assert seen["asp"] > seen["ssp:2"], seen

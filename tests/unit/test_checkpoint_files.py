@@ -112,14 +112,12 @@ def test_cadence_and_young_daly():
     assert abs(ckpt.young_daly_s(300.0, 50_000 / 1024) / 60 - 171.2) < 0.1
     config = load_config(overrides=["checkpoint.every_steps=3", "checkpoint.every_minutes=0",
                                     "checkpoint.at_end=false"]).checkpoint
-    cadence = checkpointing.Cadence(config, comm=None)
+    cadence = checkpointing.Cadence(config)
     assert [d for d in range(1, 10) if cadence.due(d, final=False)] == [3, 6, 9]
     assert not cadence.due(10, final=True)
-    at_end = checkpointing.Cadence(load_config(overrides=["checkpoint.every_minutes=0"]).checkpoint,
-                                   comm=None)
+    at_end = checkpointing.Cadence(load_config(overrides=["checkpoint.every_minutes=0"]).checkpoint)
     assert at_end.due(10, final=True) and not at_end.due(9, final=False)
-    daly = checkpointing.Cadence(load_config(overrides=["checkpoint.mtbf_hours=1.0"]).checkpoint,
-                                 comm=None)
+    daly = checkpointing.Cadence(load_config(overrides=["checkpoint.mtbf_hours=1.0"]).checkpoint)
     assert daly.interval_s() == 0.0  # measure a write first
     daly.saved(2.0)
     assert abs(daly.interval_s() - (2 * 2.0 * 3600) ** 0.5) < 1e-9
@@ -169,6 +167,9 @@ def test_resume_refuses_what_would_shift_the_data_position(tmp_path):
 
 def test_checkpoints_are_on_by_default():
     """A queue job checkpoints without being asked: every 30 minutes and at the end."""
-    cadence = checkpointing.Cadence(load_config().checkpoint, comm=None)
+    cadence = checkpointing.Cadence(load_config().checkpoint)
     assert cadence.enabled and cadence.interval_s() == 1800.0
     assert cadence.due(7, final=True) and not cadence.due(7, final=False)
+    assert not cadence.time_due()
+    cadence.last -= 1800.0
+    assert cadence.time_due()
