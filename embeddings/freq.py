@@ -88,14 +88,17 @@ class CountMinSketch:
                          .astype(np.int64) for j in range(self.depth)])
 
     def add(self, keys: np.ndarray, counts: np.ndarray) -> None:
-        _conservative_add(self.table, self._index(keys),
-                          np.ascontiguousarray(counts, dtype=np.float32))
+        counts = np.ascontiguousarray(counts, dtype=np.float32)
+        for part in _slices(len(keys)):
+            _conservative_add(self.table, self._index(keys[part]), counts[part])
 
     def estimate(self, keys: np.ndarray) -> np.ndarray:
         """Upper estimates of the keys' counts (exact when no key shares all its counters)."""
-        if len(keys) == 0:
-            return np.empty(0, dtype=np.float32)
-        return self.table[np.arange(self.depth)[:, None], self._index(keys)].min(axis=0)
+        out = np.empty(len(keys), dtype=np.float32)
+        rows = np.arange(self.depth)[:, None]
+        for part in _slices(len(keys)):
+            out[part] = self.table[rows, self._index(keys[part])].min(axis=0)
+        return out
 
     def decay(self, factor: float) -> None:
         self.table *= np.float32(factor)
@@ -103,6 +106,12 @@ class CountMinSketch:
     @property
     def nbytes(self) -> int:
         return self.table.nbytes
+
+
+def _slices(n: int, size: int = 1 << 15):
+    """Consecutive slices of ``range(n)``: hashing a few keys at a time keeps the
+    temporaries (a few uint64 arrays per sketch row) small whatever ``n`` is."""
+    return (slice(lo, min(n, lo + size)) for lo in range(0, n, size))
 
 
 class FrequencyTracker:
@@ -145,6 +154,10 @@ class FrequencyTracker:
     def decay(self, factor: float) -> None:
         for table in self.tables:
             table.decay(factor)
+
+    def arrays(self) -> list[np.ndarray]:
+        """The counters of every table (float32), for summing trackers over workers."""
+        return [t.counts if isinstance(t, ExactCounts) else t.table for t in self.tables]
 
     @property
     def nbytes(self) -> int:

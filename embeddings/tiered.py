@@ -30,6 +30,13 @@ collective over ``group`` (the workers). One step:
 
    Each gradient is therefore applied exactly once, by the tier that owns its row that step.
 
+Carried hot sums: built with ``carry_rows``, the store leaves step 2's sum to the dense engine,
+whose gradient reduction carries the hot gradients (:attr:`TieredStore.rider`,
+:mod:`embeddings.hotsum`) and applies them before the push; the push then updates cold rows
+only. Every step is summed, so hot rows are never stale (bound 0 whatever the sync model).
+The store sums on its own for engines without a per-step gradient reduction (dense on the
+servers, local SGD).
+
 Staleness bound ``s`` (the sync model's): with ``s = 0`` (BSP) hot gradients are summed every
 step and a replica is never behind. With ``s > 0`` (SSP) a worker applies its own hot
 gradients to its replica at once, and every ``s + 1`` steps the workers sum what they
@@ -50,7 +57,8 @@ import torch
 from mpi4py import MPI
 
 from embeddings.freq import FrequencyTracker, oracle_hit_rate
-from embeddings.hotcold import HotSetPlanner, Retier, hot_row_bytes, merge_seen, retier_due
+from embeddings.hotcold import HotSetPlanner, Retier, best, hot_row_bytes, merge_seen, retier_due
+from embeddings.hotsum import HotRider
 from embeddings.hottier import HotTier
 from embeddings.optim import SparseOptimizer, coalesce
 from embeddings.tables import TableLayout
@@ -88,7 +96,8 @@ class TieringStats:
     rows_cold: int = 0  # unique rows pulled from the cold store
     dense_syncs: int = 0  # hot gradients summed by Allreduce of the block
     sparse_syncs: int = 0  # ... by Allgatherv of the touched rows
-    sync_bytes: int = 0  # received in those collectives (ring: 2 (W-1)/W of the block)
+    carried_syncs: int = 0  # ... in the dense engine's gradient reduction
+    sync_bytes: int = 0  # received in those collectives (ring: 2 (W-1)/W of the block or segment)
     retiers: int = 0
     rows_promoted: int = 0
     rows_demoted: int = 0
@@ -114,8 +123,14 @@ class TieredStore(EmbeddingStore):
 
     def __init__(self, layout: TableLayout, cold: BackingStore, group: Group,
                  optimizer: SparseOptimizer, config: TieringConfig, capacity: int,
-                 device: torch.device, staleness: int | None = 0) -> None:
-        """Hold at most ``capacity`` hot rows (every row when it covers the tables)."""
+                 device: torch.device, staleness: int | None = 0,
+                 carry_rows: int = 0) -> None:
+        """Hold at most ``capacity`` hot rows (every row when it covers the tables). With
+        ``carry_rows`` (at most that many hot rows per worker and step) the dense engine
+        sums the hot gradients through :attr:`rider`; ``staleness`` must then be 0."""
+        if carry_rows and staleness != 0:
+            raise ValueError(f"carried hot sums are summed every step: staleness must be 0, "
+                             f"got {staleness}")
         self.layout = layout
         self.dim = layout.dim
         self.cold = cold
@@ -125,6 +140,8 @@ class TieredStore(EmbeddingStore):
         self.staleness = staleness
         self.hot = HotTier(layout.dim, optimizer, device)
         self.base = HotTier(layout.dim, optimizer, device) if staleness != 0 else None
+        self.rider = HotRider(self.hot, capacity, group.size, group.rank, carry_rows) \
+            if carry_rows else None
         tracker = FrequencyTracker(layout.sizes, config.exact_below, config.sketch_width,
                                    config.sketch_depth, capacity)
         self.planner = HotSetPlanner(tracker, capacity, config.policy, config.admission,
@@ -138,7 +155,8 @@ class TieredStore(EmbeddingStore):
         self._block = np.empty((0, self.dim + 1), dtype=np.float32)
         self._expected: np.ndarray | None = None  # hot rows of each worker's coming push
         self._seen: list[tuple[np.ndarray, np.ndarray, int]] = []
-        self._oracle = np.zeros(layout.total_rows) if group.rank == 0 else None
+        # worker 0's exact lookup counts of the rows seen in training: (sorted rows, counts)
+        self._oracle = (_NO_ROWS, np.empty(0, np.float32)) if group.rank == 0 else None
         # [lookups, hits] per table since the last merge, and up to it (what the oracle saw)
         self._recent = np.zeros((2, len(layout.specs)), dtype=np.int64)
         self._merged = np.zeros((2, len(layout.specs)), dtype=np.int64)
@@ -183,20 +201,42 @@ class TieredStore(EmbeddingStore):
     def warm_start(self, chunks: Iterable[tuple[np.ndarray, np.ndarray]]) -> None:
         """Count lookups seen outside training, ``(unique rows, counts)`` chunks of a scan of
         the data, and make the rows they rank hot (HugeCTR seeds its frequent embeddings
-        from the data likewise). Collective over ``group``; before the first push."""
+        from the data likewise). Collective over ``group``; before the first push.
+
+        Memory stays in proportion to the hot tier, not to the rows the scan sees: each
+        worker adds its chunks to the frequency tracker and keeps, after each chunk, only
+        its ``2 x capacity`` rows of highest count as candidates; then the trackers are
+        summed (the toolkit's allreduce; a sum of count-min sketches still never
+        undercounts) and the candidates gathered, so every worker plans on the same
+        input."""
         start = time.perf_counter()
+        tracker, keep = self.planner.tracker, 2 * self.planner.capacity
+        candidates = _NO_ROWS
         for rows, counts in chunks:
-            self._seen.append((rows, counts, -1))
-        before = self.stats.count_bytes
-        self._merge_counts(lookups=False)
-        self.stats.warm_start_count_bytes = self.stats.count_bytes - before
-        self.stats.count_bytes = before
+            tracker.add(rows, np.asarray(counts, dtype=np.float32))
+            candidates = np.union1d(candidates, rows)
+            if len(candidates) > 2 * keep:  # pruned now and then: each prune hashes all
+                candidates = self._best_counted(candidates, keep)
+        candidates = self._best_counted(candidates, keep)
+        workers = self.comm.Get_size()
+        for array in tracker.arrays():
+            allreduce(array, comm=self.group)
+        everyone = allgatherv(candidates, self.comm)
+        self.stats.warm_start_count_bytes = int(2 * (workers - 1) / workers * tracker.nbytes
+                                                + (len(everyone) - len(candidates)) * 8)
+        rows = np.unique(everyone)
+        self.planner.consider(rows, np.full(len(rows), -1, dtype=np.int64))
         if not self.everything_hot:
             plan = self.planner.plan()
             self._write_back(plan.demoted)
             self._install(plan, self.cold.read(plan.promoted))
             self.stats.warm_start_rows = len(plan.promoted)
         self.stats.warm_start_s = time.perf_counter() - start
+
+    def _best_counted(self, rows: np.ndarray, keep: int) -> np.ndarray:
+        """The ``keep`` of ``rows`` (sorted) with the highest counts, sorted."""
+        counts = self.planner.tracker.estimate(rows)
+        return np.sort(rows[best(counts, np.zeros(len(rows)), keep)])
 
     def push(self, rows: np.ndarray, grads: np.ndarray, lr: float) -> None:
         """Collective over ``group``: hot update, re-tiering when due, cold push (module doc)."""
@@ -207,7 +247,8 @@ class TieredStore(EmbeddingStore):
         retier = not self.everything_hot and retier_due(step, self.config.interval,
                                                         warm_up=not self.stats.warm_start_s)
         counts, self._expected = self._expected, None
-        self._update_hot(slots[hot], grads[hot], lr, retier, counts)
+        if self.rider is None:
+            self._update_hot(slots[hot], grads[hot], lr, retier, counts)
         plan = None
         if retier:
             start = time.perf_counter()
@@ -279,8 +320,13 @@ class TieredStore(EmbeddingStore):
         stats.hot_rows = len(self.hot)
         stats.table_lookups, stats.table_hits = self._merged.tolist()
         stats.lookups, stats.hits = sum(stats.table_lookups), sum(stats.table_hits)
+        if self.rider is not None:  # the only hot sums in this mode
+            workers = self.comm.Get_size()
+            stats.carried_syncs = self.rider.applied
+            stats.sync_bytes = int(self.rider.applied * 2 * (workers - 1) / workers
+                                   * self.rider.segment_bytes())
         if self._oracle is not None:
-            stats.oracle_hit_rate = oracle_hit_rate(self._oracle, stats.capacity)
+            stats.oracle_hit_rate = oracle_hit_rate(self._oracle[1], stats.capacity)
         return stats
 
     # -- internals -----------------------------------------------------------------------------
@@ -387,10 +433,9 @@ class TieredStore(EmbeddingStore):
         into.apply(*coalesce(all_slots, np.ascontiguousarray(everyone[:, 2:]).view(np.float32)),
                    lr)
 
-    def _merge_counts(self, lookups: bool = True) -> None:
+    def _merge_counts(self) -> None:
         """``Allgatherv`` of every worker's (row, lookups, last step) since the last merge;
-        every worker records the same merged counts. ``lookups``: they are training
-        lookups (counted in the hit rates and the oracle), not a scan of the data."""
+        every worker records the same merged counts (and worker 0 its oracle's)."""
         if self._seen:
             rows, counts, last = merge_seen(
                 np.concatenate([r for r, _, _ in self._seen]),
@@ -404,11 +449,13 @@ class TieredStore(EmbeddingStore):
         self.stats.count_bytes += (len(everyone) - len(mine)) * mine.itemsize * 3
         rows, counts, last = merge_seen(everyone[:, 0], everyone[:, 1], everyone[:, 2])
         self.planner.record(rows, counts, last)
-        if lookups:
-            self._merged += self._recent
-            self._recent[:] = 0
-            if self._oracle is not None:
-                self._oracle[rows] += counts
+        self._merged += self._recent
+        self._recent[:] = 0
+        if self._oracle is not None:
+            seen, total = self._oracle
+            both = np.concatenate([seen, rows])
+            self._oracle = merge_seen(both, np.concatenate([total, counts]),
+                                      np.zeros(len(both), np.int64))[:2]
 
     def _write_back(self, rows: np.ndarray) -> None:
         """This worker's share of ``rows`` (every ``W``-th) written to the cold store with
