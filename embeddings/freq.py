@@ -29,7 +29,7 @@ import numpy as np
 
 from hpctrain.runtime import rng
 
-__all__ = ["ExactCounts", "CountMinSketch", "FrequencyTracker", "oracle_hit_rate",
+__all__ = ["ExactCounts", "CountMinSketch", "FrequencyTracker", "LookupTotals", "oracle_hit_rate",
            "COUNTERS_PER_HOT_ROW"]
 
 COUNTERS_PER_HOT_ROW = 4
@@ -162,6 +162,35 @@ class FrequencyTracker:
     @property
     def nbytes(self) -> int:
         return sum(t.nbytes for t in self.tables)
+
+
+class LookupTotals:
+    """Exact lookup counts of every row seen (what the oracle hit rate ranks): one float32
+    per row of the tables when that takes at most ``dense_bytes``, else sorted
+    (row, count) pairs of the rows seen, merged as counts arrive."""
+
+    def __init__(self, total_rows: int, dense_bytes: int) -> None:
+        self.dense = 4 * total_rows <= dense_bytes
+        self.counts = np.zeros(total_rows if self.dense else 0, dtype=np.float32)
+        self.rows = np.empty(0, dtype=np.int64)
+
+    def add(self, rows: np.ndarray, counts: np.ndarray) -> None:
+        """Count ``counts`` more lookups of ``rows`` (sorted, unique)."""
+        if self.dense:
+            self.counts[rows] += counts
+            return
+        if len(rows) == 0:
+            return
+        both = np.concatenate([self.rows, rows])
+        order = np.argsort(both, kind="stable")
+        both = both[order]
+        starts = np.flatnonzero(np.concatenate([[True], both[1:] != both[:-1]]))
+        summed = np.concatenate([self.counts, np.asarray(counts, np.float32)])[order]
+        self.rows = both[starts]
+        self.counts = np.add.reduceat(summed, starts)
+
+    def hit_rate(self, capacity: int) -> float:
+        return oracle_hit_rate(self.counts, capacity)
 
 
 def oracle_hit_rate(counts: np.ndarray, capacity: int) -> float:

@@ -18,11 +18,13 @@ layouts, the smaller for the job (the same on every worker):
 
 ``max_rows`` bounds the hot rows one worker touches in a step (its samples times the
 tables, at most the capacity). A worker whose embedding gradients hold a NaN or Inf writes
-nothing: its share of the step is dropped, as the trainer drops its cold rows.
+nothing: its share of the step is dropped, as the trainer drops its cold rows. The segment
+lives in host memory (the CPU engine's buffers); on a GPU the tiered store sums on its own.
 """
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 import torch
 
@@ -44,6 +46,7 @@ class HotRider:
         if max_rows < 1:
             raise ValueError(f"max_rows must be >= 1, got {max_rows}")
         self.hot, self.workers, self.rank = hot, workers, rank
+        self.dim = hot.dim
         self.width = hot.dim + 1
         self.max_rows = min(max_rows, capacity)
         self.region = 1 + self.max_rows * self.width
@@ -51,65 +54,86 @@ class HotRider:
                         and capacity < EXACT_BELOW)
         self.size = workers * self.region if self.records else capacity * self.width
         """Float32 values of the segment."""
+        self._where = np.full(capacity, -1, dtype=np.int64)  # scratch of the records' sum
         self.applied = 0  # sums applied
         self.rows_applied = 0  # unique hot rows updated by them
 
     def fill(self, lookups: list[Lookup], out: torch.Tensor) -> None:
         """Write this step's hot-row gradients (unscaled, summed over ``lookups``) into
-        ``out``, which holds zeros."""
-        parts = [(lk.rows, lk.values.grad) for lk in lookups if lk.values.grad is not None]
-        if not parts or not all(bool(torch.isfinite(g).all()) for _, g in parts):
+        ``out`` (host memory, zeros)."""
+        if not lookups:
             return
-        slots, grads = [], []
-        for rows, grad in parts:
-            hot, where = self.hot.locate(rows)
-            slots.append(where[hot])
-            grads.append(grad.detach()[torch.from_numpy(np.flatnonzero(hot)).to(grad.device)])
-        index = torch.from_numpy(np.concatenate(slots)).to(out.device)
-        values = torch.cat(grads).to(out.device)
+        rows = np.concatenate([lk.rows for lk in lookups])
+        grads = np.concatenate([lk.grads() for lk in lookups])
+        if not np.isfinite(grads).all():
+            return
+        hot, slots = self.hot.locate(rows)
+        slots, grads = coalesce(slots[hot], grads[hot])
+        flat = out.numpy()
         if not self.records:
-            block = out.view(-1, self.width)
-            block[:, :-1].index_add_(0, index, values)
-            block[index, -1] = 1.0
+            block = flat.reshape(-1, self.width)
+            block[slots, : self.dim] = grads
+            block[slots, self.dim] = 1.0
             return
-        unique, inverse = torch.unique(index, return_inverse=True)
-        if len(unique) > self.max_rows:
-            raise ValueError(f"{len(unique)} hot rows in one step, more than the "
+        if len(slots) > self.max_rows:
+            raise ValueError(f"{len(slots)} hot rows in one step, more than the "
                              f"{self.max_rows} the segment was sized for")
-        summed = torch.zeros((len(unique), self.width - 1), dtype=torch.float32,
-                             device=out.device).index_add_(0, inverse, values)
-        region = out[self.rank * self.region: (self.rank + 1) * self.region]
-        region[0] = float(len(unique))
-        lines = region[1: 1 + len(unique) * self.width].view(-1, self.width)
-        lines[:, 0] = unique.to(torch.float32)
-        lines[:, 1:] = summed
+        region = flat[self.rank * self.region: (self.rank + 1) * self.region]
+        region[0] = len(slots)
+        lines = region[1: 1 + len(slots) * self.width].reshape(-1, self.width)
+        lines[:, 0] = slots
+        lines[:, 1:] = grads
 
     def apply(self, summed: torch.Tensor, lr: float, scale: float) -> None:
         """Apply every worker's gradients, read from the reduced segment ``summed`` and
         times ``scale``, to the hot tier; then zero what was read."""
-        slots, grads = self._read(summed)
+        flat = summed.numpy()
+        if self.records:
+            slots, grads = _sum_records(flat, self.workers, self.region, self.width,
+                                        self._where, np.float32(scale))
+        else:
+            block = flat.reshape(-1, self.width)
+            slots = np.flatnonzero(block[:, self.dim])
+            grads = block[slots, : self.dim] * np.float32(scale)
+            block[slots] = 0.0
         if len(slots):
-            self.hot.apply(slots, grads * np.float32(scale), lr)
+            self.hot.apply(slots, grads, lr)
         self.applied += 1
         self.rows_applied += len(slots)
-
-    def _read(self, summed: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-        """(unique slots, summed gradients) of the reduced segment, which is then zero."""
-        if not self.records:
-            block = summed.view(-1, self.width)
-            touched = torch.nonzero(block[:, -1]).view(-1)
-            grads = block[touched, :-1].cpu().numpy()
-            block[touched] = 0.0
-            return touched.cpu().numpy(), grads
-        regions = summed.view(self.workers, self.region)
-        counts = regions[:, 0].to(torch.int64).tolist()
-        lines = [regions[w, 1: 1 + n * self.width].view(-1, self.width)
-                 for w, n in enumerate(counts)]
-        every = torch.cat(lines).cpu().numpy()
-        for w, n in enumerate(counts):
-            regions[w, : 1 + n * self.width] = 0.0
-        return coalesce(every[:, 0].astype(np.int64), np.ascontiguousarray(every[:, 1:]))
 
     def segment_bytes(self) -> int:
         """Bytes of the segment each worker hands to the reduction."""
         return 4 * self.size
+
+
+@numba.njit(cache=True, nogil=True)
+def _sum_records(flat, workers, region, width, where, scale):  # pragma: no cover - compiled
+    """The records of every region, in worker order, summed per slot and times ``scale``:
+    (slots in order of first appearance, gradients). ``where`` (-1 everywhere, left so) maps
+    a slot to its output line; the regions are zeroed."""
+    total = 0
+    for w in range(workers):
+        total += int(flat[w * region])
+    slots = np.empty(total, dtype=np.int64)
+    grads = np.zeros((total, width - 1), dtype=np.float32)
+    n = 0
+    for w in range(workers):
+        base = w * region
+        count = int(flat[base])
+        for i in range(count):
+            line = base + 1 + i * width
+            slot = int(flat[line])
+            at = where[slot]
+            if at < 0:
+                at = n
+                where[slot] = n
+                slots[n] = slot
+                n += 1
+            for k in range(width - 1):
+                grads[at, k] += flat[line + 1 + k]
+        flat[base: base + 1 + count * width] = 0.0
+    for i in range(n):
+        where[slots[i]] = -1
+        for k in range(width - 1):
+            grads[i, k] *= scale
+    return slots[:n], grads[:n]

@@ -56,7 +56,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from embeddings.freq import FrequencyTracker, oracle_hit_rate
+from embeddings.freq import FrequencyTracker, LookupTotals
 from embeddings.hotcold import HotSetPlanner, Retier, best, hot_row_bytes, merge_seen, retier_due
 from embeddings.hotsum import HotRider
 from embeddings.hottier import HotTier
@@ -155,12 +155,13 @@ class TieredStore(EmbeddingStore):
         self._block = np.empty((0, self.dim + 1), dtype=np.float32)
         self._expected: np.ndarray | None = None  # hot rows of each worker's coming push
         self._seen: list[tuple[np.ndarray, np.ndarray, int]] = []
-        # worker 0's exact lookup counts of the rows seen in training: (sorted rows, counts)
-        self._oracle = (_NO_ROWS, np.empty(0, np.float32)) if group.rank == 0 else None
+        row = hot_row_bytes(layout.dim, optimizer.state_width(layout.dim), staleness != 0)
+        # worker 0's exact lookup counts, in no more memory than the hot tier's
+        self._oracle = LookupTotals(layout.total_rows, capacity * row) \
+            if group.rank == 0 else None
         # [lookups, hits] per table since the last merge, and up to it (what the oracle saw)
         self._recent = np.zeros((2, len(layout.specs)), dtype=np.int64)
         self._merged = np.zeros((2, len(layout.specs)), dtype=np.int64)
-        row = hot_row_bytes(layout.dim, optimizer.state_width(layout.dim), staleness != 0)
         self.stats = TieringStats(capacity=capacity, budget_bytes=capacity * row,
                                   frequency_bytes=tracker.nbytes)
         self.everything_hot = capacity >= layout.total_rows
@@ -326,7 +327,7 @@ class TieredStore(EmbeddingStore):
             stats.sync_bytes = int(self.rider.applied * 2 * (workers - 1) / workers
                                    * self.rider.segment_bytes())
         if self._oracle is not None:
-            stats.oracle_hit_rate = oracle_hit_rate(self._oracle[1], stats.capacity)
+            stats.oracle_hit_rate = self._oracle.hit_rate(stats.capacity)
         return stats
 
     # -- internals -----------------------------------------------------------------------------
@@ -452,10 +453,7 @@ class TieredStore(EmbeddingStore):
         self._merged += self._recent
         self._recent[:] = 0
         if self._oracle is not None:
-            seen, total = self._oracle
-            both = np.concatenate([seen, rows])
-            self._oracle = merge_seen(both, np.concatenate([total, counts]),
-                                      np.zeros(len(both), np.int64))[:2]
+            self._oracle.add(rows, counts)
 
     def _write_back(self, rows: np.ndarray) -> None:
         """This worker's share of ``rows`` (every ``W``-th) written to the cold store with

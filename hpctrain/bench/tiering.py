@@ -13,10 +13,13 @@ Two measurements per setting (Zipf exponent x hot budget as a share of all rows)
    lookup of each row, which no policy but hindsight can serve, weighs little. The
    exponents are shared out over the workers.
 2. **Training**: real runs of the DLRM on ``--tables`` such tables, untiered (every row on
-   the server) and tiered (LFU), one after the other in this job: bytes to and from the
-   servers per training step (pulls, pushes and the re-tierings' moves, all workers) and
-   samples per second, the best of ``--repeat`` runs (other jobs on the machine slow single
-   runs down); the untiered run is the baseline of the ratios. A short run cannot learn the
+   the server) and tiered (LFU), alternating in this job: per setting ``--repeat`` pairs, an
+   untiered run then a tiered one, so that other jobs on the machine slow both alike. Bytes
+   to and from the servers per training step (pulls, pushes and the re-tierings' moves, all
+   workers), samples per second (the best run of each kind; ``speedup`` is their ratio) and
+   the peak resident memory per worker (the largest over workers and runs of each kind),
+   beside the bound the tiering aims for: untiered plus twice the hot tier's bytes plus
+   20 MB (``rss_bound_mb``). A short run cannot learn the
    hot set of a million-row table online, so the tiered runs start from a scan of the first
    ``--prescan`` training samples' ids (``tiering.prescan``); the rows that scan makes hot
    and the time it takes are reported apart (``warm_start_bytes``, ``warm_start_s``), as is
@@ -44,8 +47,8 @@ from hpctrain.train.job import run_training
 __all__ = ["add_arguments", "run", "COLUMNS"]
 
 COLUMNS = ["zipf", "hot_fraction", "lfu_hit_rate", "lru_hit_rate", "oracle_hit_rate",
-           "train_hit_rate", "bytes_per_step", "bytes_ratio", "samples_per_s",
-           "baseline_samples_per_s", "speedup"]
+           "train_hit_rate", "bytes_ratio", "samples_per_s", "baseline_samples_per_s",
+           "speedup", "rss_mb", "baseline_rss_mb", "rss_bound_mb"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,7 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prescan", type=int, default=5_000_000,
                         help="training samples scanned to seed the hot set (default 5M)")
     parser.add_argument("--repeat", type=int, default=1,
-                        help="training runs per setting, the fastest counts (default 1)")
+                        help="untiered/tiered pairs of runs per setting, the fastest of each "
+                             "kind counts (default 1)")
     parser.add_argument("--json", metavar="FILE", help="write the result rows as JSON")
 
 
@@ -147,16 +151,20 @@ def _replay(args: argparse.Namespace, config: JobConfig,
 
 def _training(args: argparse.Namespace, config: JobConfig,
               topo: Topology) -> dict[tuple[float, float], dict[str, Any]]:
-    """Untiered then tiered runs per exponent; collective over the world. World rank 0
-    gets, per setting, bytes and samples/s against the untiered run."""
+    """Alternating untiered and tiered runs per setting; collective over the world. World
+    rank 0 gets, per setting, bytes, samples/s and memory against the untiered runs."""
     results = {}
     with tempfile.TemporaryDirectory(prefix="hpctrain-bench-") as scratch:
         for zipf in args.zipf:
-            base = _best(args, config, topo, zipf, 0.0, scratch)
             for budget in args.budgets:
-                tiered = _best(args, config, topo, zipf, budget, scratch)
+                pairs = [(_train(args, config, topo, zipf, 0.0, scratch),
+                          _train(args, config, topo, zipf, budget, scratch))
+                         for _ in range(args.repeat)]
                 if topo.rank != 0:
                     continue
+                base = max((b for b, _ in pairs), key=lambda r: r["samples_per_s"])
+                tiered = max((t for _, t in pairs), key=lambda r: r["samples_per_s"])
+                base_rss = max(b["rss_mb"] for b, _ in pairs)
                 results[(zipf, budget)] = {
                     "train_hit_rate": tiered["hit_rate"],
                     "train_oracle_hit_rate": tiered["oracle_hit_rate"],
@@ -170,17 +178,16 @@ def _training(args: argparse.Namespace, config: JobConfig,
                     "samples_per_s": tiered["samples_per_s"],
                     "baseline_samples_per_s": base["samples_per_s"],
                     "speedup": tiered["samples_per_s"] / base["samples_per_s"],
+                    "pair_speedups": [t["samples_per_s"] / b["samples_per_s"]
+                                      for b, t in pairs],
+                    "rss_mb": max(t["rss_mb"] for _, t in pairs),
+                    "baseline_rss_mb": base_rss,
+                    "hot_mb": tiered["hot_mb"],
+                    "rss_bound_mb": base_rss + 2 * tiered["hot_mb"] + 20,
                     "retier_share": tiered["retier_share"],
                     "train_steps": args.train_steps,
                 }
     return results
-
-
-def _best(args: argparse.Namespace, config: JobConfig, topo: Topology, zipf: float,
-          budget: float, scratch: str) -> dict[str, float]:
-    """The fastest of ``--repeat`` runs (world rank 0; others get {})."""
-    runs = [_train(args, config, topo, zipf, budget, scratch) for _ in range(args.repeat)]
-    return max(runs, key=lambda r: r.get("samples_per_s", 0.0))
 
 
 def _train(args: argparse.Namespace, config: JobConfig, topo: Topology, zipf: float,
@@ -207,6 +214,8 @@ def _train(args: argparse.Namespace, config: JobConfig, topo: Topology, zipf: fl
             "peer_bytes_per_step": sum(t.sync_bytes + t.count_bytes for t in tiers)
             / steps,
             "samples_per_s": summary.samples_per_s,
+            "rss_mb": max(summary.peak_rss_mb),
+            "hot_mb": max((t.budget_bytes for t in tiers), default=0) / 2**20,
             "hit_rate": sum(t.hits for t in tiers) / lookups if lookups else 0.0,
             "oracle_hit_rate": tiers[0].oracle_hit_rate if tiers else 0.0,
             "retier_share": summary.phase_s["retier"] / max(summary.wall_s, 1e-9),

@@ -124,7 +124,7 @@ def build_worker(config: JobConfig, topo: Topology, dataset: Dataset, layout: Ta
     else:
         client = job.client(models, sparse.state_width(layout.dim))
         carry = not full and not local_period(config.sync.dense) and \
-            config.comm.wire_dtype == "float32"
+            config.comm.wire_dtype == "float32" and topo.device.type == "cpu"
         tiered = _tiered(config, topo, layout, client, group, sparse, models, stats,
                          _carried_rows(config, dataset, layout, group) if carry else 0)
         store = tiered or client
