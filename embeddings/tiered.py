@@ -167,10 +167,9 @@ class TieredStore(EmbeddingStore):
         self.everything_hot = capacity >= layout.total_rows
         if self.everything_hot:
             every = np.arange(layout.total_rows, dtype=np.int64)
-            self._install(Retier(every, every, _NO_ROWS), cold.read(every))
+            self._install(Retier(every, every, _NO_ROWS))
         else:
-            self._install(Retier(_NO_ROWS, _NO_ROWS, _NO_ROWS),
-                          np.empty((0, self.dim + self.hot.state_width), np.float32))
+            self._install(Retier(_NO_ROWS, _NO_ROWS, _NO_ROWS))
 
     # -- EmbeddingStore ----------------------------------------------------------------------
 
@@ -205,23 +204,24 @@ class TieredStore(EmbeddingStore):
         from the data likewise). Collective over ``group``; before the first push.
 
         Memory stays in proportion to the hot tier, not to the rows the scan sees: each
-        worker adds its chunks to the frequency tracker and keeps, after each chunk, only
-        its ``2 x capacity`` rows of highest count as candidates; then the trackers are
-        summed (the toolkit's allreduce; a sum of count-min sketches still never
-        undercounts) and the candidates gathered, so every worker plans on the same
-        input."""
+        worker adds its chunks to the frequency tracker and keeps, now and then, only its
+        ``capacity`` rows of highest count as candidates; then the trackers are summed (a
+        sum of count-min sketches still never undercounts) and the candidates gathered, so
+        every worker plans on the same input."""
         start = time.perf_counter()
-        tracker, keep = self.planner.tracker, 2 * self.planner.capacity
-        candidates = _NO_ROWS
+        tracker, keep = self.planner.tracker, self.planner.capacity
+        pending, size = [_NO_ROWS], 0
         for rows, counts in chunks:
             tracker.add(rows, np.asarray(counts, dtype=np.float32))
-            candidates = np.union1d(candidates, rows)
-            if len(candidates) > 2 * keep:  # pruned now and then: each prune hashes all
-                candidates = self._best_counted(candidates, keep)
-        candidates = self._best_counted(candidates, keep)
+            pending.append(rows)
+            size += len(rows)
+            if size > keep:  # pruned now and then: each prune sorts and hashes all
+                pending = [self._best_counted(np.unique(np.concatenate(pending)), keep)]
+                size = len(pending[0])
+        candidates = self._best_counted(np.unique(np.concatenate(pending)), keep)
         workers = self.comm.Get_size()
-        for array in tracker.arrays():
-            allreduce(array, comm=self.group)
+        for array in tracker.arrays():  # MPI's in place: no scratch as large as the tracker
+            allreduce(array, comm=self.group, algorithm="native")
         everyone = allgatherv(candidates, self.comm)
         self.stats.warm_start_count_bytes = int(2 * (workers - 1) / workers * tracker.nbytes
                                                 + (len(everyone) - len(candidates)) * 8)
@@ -230,7 +230,7 @@ class TieredStore(EmbeddingStore):
         if not self.everything_hot:
             plan = self.planner.plan()
             self._write_back(plan.demoted)
-            self._install(plan, self.cold.read(plan.promoted))
+            self._install(plan)
             self.stats.warm_start_rows = len(plan.promoted)
         self.stats.warm_start_s = time.perf_counter() - start
 
@@ -262,7 +262,7 @@ class TieredStore(EmbeddingStore):
         if plan is not None:
             start = time.perf_counter()
             if len(plan.promoted) or len(plan.demoted):
-                self._install(plan, self.cold.read(plan.promoted))
+                self._install(plan)
             self.stats.retiers += 1
             self.stats.retier_s += time.perf_counter() - start
             trace.record("retier: install", start, time.perf_counter(), step=step)
@@ -463,8 +463,12 @@ class TieredStore(EmbeddingStore):
             self.cold.write(mine, self.hot.export(self.hot.locate(mine)[1]))
         wait_all([self.comm.Ibarrier()], Wait("barrier", self.comm))
 
-    def _install(self, plan: Retier, block: np.ndarray) -> None:
-        self.hot.replace(plan.hot, plan.promoted, block)
+    def _install(self, plan: Retier) -> None:
+        """Become ``plan``'s hot set, the promoted rows read from the cold store in chunks
+        (each ``READ`` at this worker's clock, so all see the same values), so that a
+        re-tiering holds at most the old and the new tier, not also every promoted row's
+        message."""
+        self.hot.replace(plan.hot, plan.promoted, self.cold.read)
         self.stats.rows_promoted += len(plan.promoted)
         self.stats.rows_demoted += len(plan.demoted)
         if self.base is not None:

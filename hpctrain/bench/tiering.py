@@ -157,9 +157,9 @@ def _training(args: argparse.Namespace, config: JobConfig,
     with tempfile.TemporaryDirectory(prefix="hpctrain-bench-") as scratch:
         for zipf in args.zipf:
             for budget in args.budgets:
-                pairs = [(_train(args, config, topo, zipf, 0.0, scratch),
-                          _train(args, config, topo, zipf, budget, scratch))
-                         for _ in range(args.repeat)]
+                pairs = [(_train(args, config, topo, zipf, 0.0, f"{scratch}/{budget}-{r}"),
+                          _train(args, config, topo, zipf, budget, f"{scratch}/{budget}-{r}"))
+                         for r in range(args.repeat)]
                 if topo.rank != 0:
                     continue
                 base = max((b for b, _ in pairs), key=lambda r: r["samples_per_s"])
