@@ -16,10 +16,9 @@ Two measurements per setting (Zipf exponent x hot budget as a share of all rows)
    the server) and tiered (LFU), alternating in this job: per setting ``--repeat`` pairs, an
    untiered run then a tiered one, so that other jobs on the machine slow both alike. Bytes
    to and from the servers per training step (pulls, pushes and the re-tierings' moves, all
-   workers), samples per second (the best run of each kind; ``speedup`` is their ratio) and
-   the peak resident memory per worker (the largest over workers and runs of each kind),
-   beside the bound the tiering aims for: untiered plus twice the hot tier's bytes plus
-   20 MB (``rss_bound_mb``). A short run cannot learn the
+   workers) and samples per second (the best run of each kind; ``speedup`` is their ratio).
+   Peak memory is not measured here: every run shares this process, whose peak includes the
+   hit-rate streams; ``hpctrain train`` reports it per run. A short run cannot learn the
    hot set of a million-row table online, so the tiered runs start from a scan of the first
    ``--prescan`` training samples' ids (``tiering.prescan``); the rows that scan makes hot
    and the time it takes are reported apart (``warm_start_bytes``, ``warm_start_s``), as is
@@ -48,7 +47,7 @@ __all__ = ["add_arguments", "run", "COLUMNS"]
 
 COLUMNS = ["zipf", "hot_fraction", "lfu_hit_rate", "lru_hit_rate", "oracle_hit_rate",
            "train_hit_rate", "bytes_ratio", "samples_per_s", "baseline_samples_per_s",
-           "speedup", "rss_mb", "baseline_rss_mb", "rss_bound_mb"]
+           "speedup"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -152,7 +151,7 @@ def _replay(args: argparse.Namespace, config: JobConfig,
 def _training(args: argparse.Namespace, config: JobConfig,
               topo: Topology) -> dict[tuple[float, float], dict[str, Any]]:
     """Alternating untiered and tiered runs per setting; collective over the world. World
-    rank 0 gets, per setting, bytes, samples/s and memory against the untiered runs."""
+    rank 0 gets, per setting, bytes and samples/s against the untiered runs."""
     results = {}
     with tempfile.TemporaryDirectory(prefix="hpctrain-bench-") as scratch:
         for zipf in args.zipf:
@@ -164,7 +163,6 @@ def _training(args: argparse.Namespace, config: JobConfig,
                     continue
                 base = max((b for b, _ in pairs), key=lambda r: r["samples_per_s"])
                 tiered = max((t for _, t in pairs), key=lambda r: r["samples_per_s"])
-                base_rss = max(b["rss_mb"] for b, _ in pairs)
                 results[(zipf, budget)] = {
                     "train_hit_rate": tiered["hit_rate"],
                     "train_oracle_hit_rate": tiered["oracle_hit_rate"],
@@ -180,10 +178,6 @@ def _training(args: argparse.Namespace, config: JobConfig,
                     "speedup": tiered["samples_per_s"] / base["samples_per_s"],
                     "pair_speedups": [t["samples_per_s"] / b["samples_per_s"]
                                       for b, t in pairs],
-                    "rss_mb": max(t["rss_mb"] for _, t in pairs),
-                    "baseline_rss_mb": base_rss,
-                    "hot_mb": tiered["hot_mb"],
-                    "rss_bound_mb": base_rss + 2 * tiered["hot_mb"] + 20,
                     "retier_share": tiered["retier_share"],
                     "train_steps": args.train_steps,
                 }
@@ -214,8 +208,6 @@ def _train(args: argparse.Namespace, config: JobConfig, topo: Topology, zipf: fl
             "peer_bytes_per_step": sum(t.sync_bytes + t.count_bytes for t in tiers)
             / steps,
             "samples_per_s": summary.samples_per_s,
-            "rss_mb": max(summary.peak_rss_mb),
-            "hot_mb": max((t.budget_bytes for t in tiers), default=0) / 2**20,
             "hit_rate": sum(t.hits for t in tiers) / lookups if lookups else 0.0,
             "oracle_hit_rate": tiers[0].oracle_hit_rate if tiers else 0.0,
             "retier_share": summary.phase_s["retier"] / max(summary.wall_s, 1e-9),
