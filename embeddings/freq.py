@@ -29,7 +29,7 @@ import numpy as np
 
 from hpctrain.runtime import rng
 
-__all__ = ["ExactCounts", "CountMinSketch", "FrequencyTracker", "oracle_hit_rate",
+__all__ = ["ExactCounts", "CountMinSketch", "FrequencyTracker", "LookupTotals", "oracle_hit_rate",
            "COUNTERS_PER_HOT_ROW"]
 
 COUNTERS_PER_HOT_ROW = 4
@@ -88,14 +88,17 @@ class CountMinSketch:
                          .astype(np.int64) for j in range(self.depth)])
 
     def add(self, keys: np.ndarray, counts: np.ndarray) -> None:
-        _conservative_add(self.table, self._index(keys),
-                          np.ascontiguousarray(counts, dtype=np.float32))
+        counts = np.ascontiguousarray(counts, dtype=np.float32)
+        for part in _slices(len(keys)):
+            _conservative_add(self.table, self._index(keys[part]), counts[part])
 
     def estimate(self, keys: np.ndarray) -> np.ndarray:
         """Upper estimates of the keys' counts (exact when no key shares all its counters)."""
-        if len(keys) == 0:
-            return np.empty(0, dtype=np.float32)
-        return self.table[np.arange(self.depth)[:, None], self._index(keys)].min(axis=0)
+        out = np.empty(len(keys), dtype=np.float32)
+        rows = np.arange(self.depth)[:, None]
+        for part in _slices(len(keys)):
+            out[part] = self.table[rows, self._index(keys[part])].min(axis=0)
+        return out
 
     def decay(self, factor: float) -> None:
         self.table *= np.float32(factor)
@@ -103,6 +106,12 @@ class CountMinSketch:
     @property
     def nbytes(self) -> int:
         return self.table.nbytes
+
+
+def _slices(n: int, size: int = 1 << 15):
+    """Consecutive slices of ``range(n)``: hashing a few keys at a time keeps the
+    temporaries (a few uint64 arrays per sketch row) small whatever ``n`` is."""
+    return (slice(lo, min(n, lo + size)) for lo in range(0, n, size))
 
 
 class FrequencyTracker:
@@ -146,9 +155,42 @@ class FrequencyTracker:
         for table in self.tables:
             table.decay(factor)
 
+    def arrays(self) -> list[np.ndarray]:
+        """The counters of every table (float32), for summing trackers over workers."""
+        return [t.counts if isinstance(t, ExactCounts) else t.table for t in self.tables]
+
     @property
     def nbytes(self) -> int:
         return sum(t.nbytes for t in self.tables)
+
+
+class LookupTotals:
+    """Exact lookup counts of every row seen (what the oracle hit rate ranks): one float32
+    per row of the tables when that takes at most ``dense_bytes``, else sorted
+    (row, count) pairs of the rows seen, merged as counts arrive."""
+
+    def __init__(self, total_rows: int, dense_bytes: int) -> None:
+        self.dense = 4 * total_rows <= dense_bytes
+        self.counts = np.zeros(total_rows if self.dense else 0, dtype=np.float32)
+        self.rows = np.empty(0, dtype=np.int64)
+
+    def add(self, rows: np.ndarray, counts: np.ndarray) -> None:
+        """Count ``counts`` more lookups of ``rows`` (sorted, unique)."""
+        if self.dense:
+            self.counts[rows] += counts
+            return
+        if len(rows) == 0:
+            return
+        both = np.concatenate([self.rows, rows])
+        order = np.argsort(both, kind="stable")
+        both = both[order]
+        starts = np.flatnonzero(np.concatenate([[True], both[1:] != both[:-1]]))
+        summed = np.concatenate([self.counts, np.asarray(counts, np.float32)])[order]
+        self.rows = both[starts]
+        self.counts = np.add.reduceat(summed, starts)
+
+    def hit_rate(self, capacity: int) -> float:
+        return oracle_hit_rate(self.counts, capacity)
 
 
 def oracle_hit_rate(counts: np.ndarray, capacity: int) -> float:

@@ -130,6 +130,11 @@ class HotSetPlanner:
         """Count merged observations (:func:`merge_seen`): unique rows, their lookups, and
         the step each was last seen."""
         self.tracker.add(rows, counts)
+        self.consider(rows, last)
+
+    def consider(self, rows: np.ndarray, last: np.ndarray) -> None:
+        """Make ``rows`` (sorted, unique; ``last`` the step each was last seen) candidates of
+        the next plan without counting them: their counts are in the tracker already."""
         self._seen.append((rows, last))
 
     def plan(self) -> Retier:

@@ -9,12 +9,16 @@ torch ops on a GPU). Keeping the replicas equal is the caller's job
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
 from embeddings.optim import SparseOptimizer
 
-__all__ = ["HotTier"]
+__all__ = ["HotTier", "CHUNK"]
+
+CHUNK = 1 << 16  # rows per read and copy of a re-tiering
 
 
 class HotTier:
@@ -59,23 +63,31 @@ class HotTier:
             self.optimizer.apply_torch(self.weight, self.state, self._index(slots),
                                        torch.from_numpy(grads).to(self.device), lr)
 
-    def replace(self, hot: np.ndarray, promoted: np.ndarray, block: np.ndarray) -> None:
+    def replace(self, hot: np.ndarray, promoted: np.ndarray,
+                read: Callable[[np.ndarray], np.ndarray]) -> None:
         """Become the rows ``hot`` (sorted): rows already here keep their values and state,
-        ``promoted`` rows take theirs from ``block`` (as :meth:`export` lays it out)."""
+        ``promoted`` rows take theirs from ``read(rows)`` (laid out as :meth:`export` lays
+        it out), called on chunks of :data:`CHUNK` rows: besides the old and the new
+        arrays only a chunk is held at a time."""
         kept, slots = self.locate(hot)
-        weight = torch.empty((len(hot), self.dim), dtype=torch.float32, device=self.device)
-        state = torch.empty((len(hot), self.state_width), dtype=torch.float32,
-                            device=self.device)
-        where_kept = torch.from_numpy(np.flatnonzero(kept)).to(self.device)
-        weight[where_kept] = self.weight[self._index(slots[kept])]
-        state[where_kept] = self.state[self._index(slots[kept])]
         fresh = np.flatnonzero(~kept)
         if len(fresh) != len(promoted) or not np.array_equal(hot[fresh], promoted):
             raise ValueError("the new hot set must be the kept rows plus the promoted ones")
-        incoming = torch.from_numpy(np.ascontiguousarray(block)).to(self.device)
-        where_fresh = torch.from_numpy(fresh).to(self.device)
-        weight[where_fresh] = incoming[:, : self.dim]
-        state[where_fresh] = incoming[:, self.dim:]
+        weight = torch.empty((len(hot), self.dim), dtype=torch.float32, device=self.device)
+        state = torch.empty((len(hot), self.state_width), dtype=torch.float32,
+                            device=self.device)
+        where_kept = np.flatnonzero(kept)
+        for lo in range(0, len(where_kept), CHUNK):
+            to = self._index(where_kept[lo: lo + CHUNK])
+            source = self._index(slots[where_kept[lo: lo + CHUNK]])
+            weight[to] = self.weight[source]
+            state[to] = self.state[source]
+        for lo in range(0, len(fresh), CHUNK):
+            to = self._index(fresh[lo: lo + CHUNK])
+            incoming = torch.from_numpy(np.ascontiguousarray(
+                read(promoted[lo: lo + CHUNK]))).to(self.device)
+            weight[to] = incoming[:, : self.dim]
+            state[to] = incoming[:, self.dim:]
         self.rows, self.weight, self.state = hot, weight, state
 
     def copy_from(self, other: HotTier) -> None:

@@ -30,6 +30,13 @@ collective over ``group`` (the workers). One step:
 
    Each gradient is therefore applied exactly once, by the tier that owns its row that step.
 
+Carried hot sums: built with ``carry_rows``, the store leaves step 2's sum to the dense engine,
+whose gradient reduction carries the hot gradients (:attr:`TieredStore.rider`,
+:mod:`embeddings.hotsum`) and applies them before the push; the push then updates cold rows
+only. Every step is summed, so hot rows are never stale (bound 0 whatever the sync model).
+The store sums on its own for engines without a per-step gradient reduction (dense on the
+servers, local SGD).
+
 Staleness bound ``s`` (the sync model's): with ``s = 0`` (BSP) hot gradients are summed every
 step and a replica is never behind. With ``s > 0`` (SSP) a worker applies its own hot
 gradients to its replica at once, and every ``s + 1`` steps the workers sum what they
@@ -49,8 +56,9 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from embeddings.freq import FrequencyTracker, oracle_hit_rate
-from embeddings.hotcold import HotSetPlanner, Retier, hot_row_bytes, merge_seen, retier_due
+from embeddings.freq import FrequencyTracker, LookupTotals
+from embeddings.hotcold import HotSetPlanner, Retier, best, hot_row_bytes, merge_seen, retier_due
+from embeddings.hotsum import HotRider
 from embeddings.hottier import HotTier
 from embeddings.optim import SparseOptimizer, coalesce
 from embeddings.tables import TableLayout
@@ -88,7 +96,8 @@ class TieringStats:
     rows_cold: int = 0  # unique rows pulled from the cold store
     dense_syncs: int = 0  # hot gradients summed by Allreduce of the block
     sparse_syncs: int = 0  # ... by Allgatherv of the touched rows
-    sync_bytes: int = 0  # received in those collectives (ring: 2 (W-1)/W of the block)
+    carried_syncs: int = 0  # ... in the dense engine's gradient reduction
+    sync_bytes: int = 0  # received in those collectives (ring: 2 (W-1)/W of the block or segment)
     retiers: int = 0
     rows_promoted: int = 0
     rows_demoted: int = 0
@@ -114,8 +123,14 @@ class TieredStore(EmbeddingStore):
 
     def __init__(self, layout: TableLayout, cold: BackingStore, group: Group,
                  optimizer: SparseOptimizer, config: TieringConfig, capacity: int,
-                 device: torch.device, staleness: int | None = 0) -> None:
-        """Hold at most ``capacity`` hot rows (every row when it covers the tables)."""
+                 device: torch.device, staleness: int | None = 0,
+                 carry_rows: int = 0) -> None:
+        """Hold at most ``capacity`` hot rows (every row when it covers the tables). With
+        ``carry_rows`` (at most that many hot rows per worker and step) the dense engine
+        sums the hot gradients through :attr:`rider`; ``staleness`` must then be 0."""
+        if carry_rows and staleness != 0:
+            raise ValueError(f"carried hot sums are summed every step: staleness must be 0, "
+                             f"got {staleness}")
         self.layout = layout
         self.dim = layout.dim
         self.cold = cold
@@ -125,6 +140,8 @@ class TieredStore(EmbeddingStore):
         self.staleness = staleness
         self.hot = HotTier(layout.dim, optimizer, device)
         self.base = HotTier(layout.dim, optimizer, device) if staleness != 0 else None
+        self.rider = HotRider(self.hot, capacity, group.size, group.rank, carry_rows) \
+            if carry_rows else None
         tracker = FrequencyTracker(layout.sizes, config.exact_below, config.sketch_width,
                                    config.sketch_depth, capacity)
         self.planner = HotSetPlanner(tracker, capacity, config.policy, config.admission,
@@ -138,20 +155,21 @@ class TieredStore(EmbeddingStore):
         self._block = np.empty((0, self.dim + 1), dtype=np.float32)
         self._expected: np.ndarray | None = None  # hot rows of each worker's coming push
         self._seen: list[tuple[np.ndarray, np.ndarray, int]] = []
-        self._oracle = np.zeros(layout.total_rows) if group.rank == 0 else None
+        row = hot_row_bytes(layout.dim, optimizer.state_width(layout.dim), staleness != 0)
+        # worker 0's exact lookup counts, in no more memory than the hot tier's
+        self._oracle = LookupTotals(layout.total_rows, capacity * row) \
+            if group.rank == 0 else None
         # [lookups, hits] per table since the last merge, and up to it (what the oracle saw)
         self._recent = np.zeros((2, len(layout.specs)), dtype=np.int64)
         self._merged = np.zeros((2, len(layout.specs)), dtype=np.int64)
-        row = hot_row_bytes(layout.dim, optimizer.state_width(layout.dim), staleness != 0)
         self.stats = TieringStats(capacity=capacity, budget_bytes=capacity * row,
                                   frequency_bytes=tracker.nbytes)
         self.everything_hot = capacity >= layout.total_rows
         if self.everything_hot:
             every = np.arange(layout.total_rows, dtype=np.int64)
-            self._install(Retier(every, every, _NO_ROWS), cold.read(every))
+            self._install(Retier(every, every, _NO_ROWS))
         else:
-            self._install(Retier(_NO_ROWS, _NO_ROWS, _NO_ROWS),
-                          np.empty((0, self.dim + self.hot.state_width), np.float32))
+            self._install(Retier(_NO_ROWS, _NO_ROWS, _NO_ROWS))
 
     # -- EmbeddingStore ----------------------------------------------------------------------
 
@@ -183,20 +201,43 @@ class TieredStore(EmbeddingStore):
     def warm_start(self, chunks: Iterable[tuple[np.ndarray, np.ndarray]]) -> None:
         """Count lookups seen outside training, ``(unique rows, counts)`` chunks of a scan of
         the data, and make the rows they rank hot (HugeCTR seeds its frequent embeddings
-        from the data likewise). Collective over ``group``; before the first push."""
+        from the data likewise). Collective over ``group``; before the first push.
+
+        Memory stays in proportion to the hot tier, not to the rows the scan sees: each
+        worker adds its chunks to the frequency tracker and keeps, now and then, only its
+        ``capacity`` rows of highest count as candidates; then the trackers are summed (a
+        sum of count-min sketches still never undercounts) and the candidates gathered, so
+        every worker plans on the same input."""
         start = time.perf_counter()
+        tracker, keep = self.planner.tracker, self.planner.capacity
+        pending, size = [_NO_ROWS], 0
         for rows, counts in chunks:
-            self._seen.append((rows, counts, -1))
-        before = self.stats.count_bytes
-        self._merge_counts(lookups=False)
-        self.stats.warm_start_count_bytes = self.stats.count_bytes - before
-        self.stats.count_bytes = before
+            tracker.add(rows, np.asarray(counts, dtype=np.float32))
+            pending.append(rows)
+            size += len(rows)
+            if size > keep:  # pruned now and then: each prune sorts and hashes all
+                pending = [self._best_counted(np.unique(np.concatenate(pending)), keep)]
+                size = len(pending[0])
+        candidates = self._best_counted(np.unique(np.concatenate(pending)), keep)
+        workers = self.comm.Get_size()
+        for array in tracker.arrays():  # MPI's in place: no scratch as large as the tracker
+            allreduce(array, comm=self.group, algorithm="native")
+        everyone = allgatherv(candidates, self.comm)
+        self.stats.warm_start_count_bytes = int(2 * (workers - 1) / workers * tracker.nbytes
+                                                + (len(everyone) - len(candidates)) * 8)
+        rows = np.unique(everyone)
+        self.planner.consider(rows, np.full(len(rows), -1, dtype=np.int64))
         if not self.everything_hot:
             plan = self.planner.plan()
             self._write_back(plan.demoted)
-            self._install(plan, self.cold.read(plan.promoted))
+            self._install(plan)
             self.stats.warm_start_rows = len(plan.promoted)
         self.stats.warm_start_s = time.perf_counter() - start
+
+    def _best_counted(self, rows: np.ndarray, keep: int) -> np.ndarray:
+        """The ``keep`` of ``rows`` (sorted) with the highest counts, sorted."""
+        counts = self.planner.tracker.estimate(rows)
+        return np.sort(rows[best(counts, np.zeros(len(rows)), keep)])
 
     def push(self, rows: np.ndarray, grads: np.ndarray, lr: float) -> None:
         """Collective over ``group``: hot update, re-tiering when due, cold push (module doc)."""
@@ -207,7 +248,8 @@ class TieredStore(EmbeddingStore):
         retier = not self.everything_hot and retier_due(step, self.config.interval,
                                                         warm_up=not self.stats.warm_start_s)
         counts, self._expected = self._expected, None
-        self._update_hot(slots[hot], grads[hot], lr, retier, counts)
+        if self.rider is None:
+            self._update_hot(slots[hot], grads[hot], lr, retier, counts)
         plan = None
         if retier:
             start = time.perf_counter()
@@ -220,7 +262,7 @@ class TieredStore(EmbeddingStore):
         if plan is not None:
             start = time.perf_counter()
             if len(plan.promoted) or len(plan.demoted):
-                self._install(plan, self.cold.read(plan.promoted))
+                self._install(plan)
             self.stats.retiers += 1
             self.stats.retier_s += time.perf_counter() - start
             trace.record("retier: install", start, time.perf_counter(), step=step)
@@ -279,8 +321,13 @@ class TieredStore(EmbeddingStore):
         stats.hot_rows = len(self.hot)
         stats.table_lookups, stats.table_hits = self._merged.tolist()
         stats.lookups, stats.hits = sum(stats.table_lookups), sum(stats.table_hits)
+        if self.rider is not None:  # the only hot sums in this mode
+            workers = self.comm.Get_size()
+            stats.carried_syncs = self.rider.applied
+            stats.sync_bytes = int(self.rider.applied * 2 * (workers - 1) / workers
+                                   * self.rider.segment_bytes())
         if self._oracle is not None:
-            stats.oracle_hit_rate = oracle_hit_rate(self._oracle, stats.capacity)
+            stats.oracle_hit_rate = self._oracle.hit_rate(stats.capacity)
         return stats
 
     # -- internals -----------------------------------------------------------------------------
@@ -387,10 +434,9 @@ class TieredStore(EmbeddingStore):
         into.apply(*coalesce(all_slots, np.ascontiguousarray(everyone[:, 2:]).view(np.float32)),
                    lr)
 
-    def _merge_counts(self, lookups: bool = True) -> None:
+    def _merge_counts(self) -> None:
         """``Allgatherv`` of every worker's (row, lookups, last step) since the last merge;
-        every worker records the same merged counts. ``lookups``: they are training
-        lookups (counted in the hit rates and the oracle), not a scan of the data."""
+        every worker records the same merged counts (and worker 0 its oracle's)."""
         if self._seen:
             rows, counts, last = merge_seen(
                 np.concatenate([r for r, _, _ in self._seen]),
@@ -404,11 +450,10 @@ class TieredStore(EmbeddingStore):
         self.stats.count_bytes += (len(everyone) - len(mine)) * mine.itemsize * 3
         rows, counts, last = merge_seen(everyone[:, 0], everyone[:, 1], everyone[:, 2])
         self.planner.record(rows, counts, last)
-        if lookups:
-            self._merged += self._recent
-            self._recent[:] = 0
-            if self._oracle is not None:
-                self._oracle[rows] += counts
+        self._merged += self._recent
+        self._recent[:] = 0
+        if self._oracle is not None:
+            self._oracle.add(rows, counts)
 
     def _write_back(self, rows: np.ndarray) -> None:
         """This worker's share of ``rows`` (every ``W``-th) written to the cold store with
@@ -418,8 +463,12 @@ class TieredStore(EmbeddingStore):
             self.cold.write(mine, self.hot.export(self.hot.locate(mine)[1]))
         wait_all([self.comm.Ibarrier()], Wait("barrier", self.comm))
 
-    def _install(self, plan: Retier, block: np.ndarray) -> None:
-        self.hot.replace(plan.hot, plan.promoted, block)
+    def _install(self, plan: Retier) -> None:
+        """Become ``plan``'s hot set, the promoted rows read from the cold store in chunks
+        (each ``READ`` at this worker's clock, so all see the same values), so that a
+        re-tiering holds at most the old and the new tier, not also every promoted row's
+        message."""
+        self.hot.replace(plan.hot, plan.promoted, self.cold.read)
         self.stats.rows_promoted += len(plan.promoted)
         self.stats.rows_demoted += len(plan.demoted)
         if self.base is not None:

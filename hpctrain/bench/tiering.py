@@ -13,10 +13,12 @@ Two measurements per setting (Zipf exponent x hot budget as a share of all rows)
    lookup of each row, which no policy but hindsight can serve, weighs little. The
    exponents are shared out over the workers.
 2. **Training**: real runs of the DLRM on ``--tables`` such tables, untiered (every row on
-   the server) and tiered (LFU), one after the other in this job: bytes to and from the
-   servers per training step (pulls, pushes and the re-tierings' moves, all workers) and
-   samples per second, the best of ``--repeat`` runs (other jobs on the machine slow single
-   runs down); the untiered run is the baseline of the ratios. A short run cannot learn the
+   the server) and tiered (LFU), alternating in this job: per setting ``--repeat`` pairs, an
+   untiered run then a tiered one, so that other jobs on the machine slow both alike. Bytes
+   to and from the servers per training step (pulls, pushes and the re-tierings' moves, all
+   workers) and samples per second (the best run of each kind; ``speedup`` is their ratio).
+   Peak memory is not measured here: every run shares this process, whose peak includes the
+   hit-rate streams; ``hpctrain train`` reports it per run. A short run cannot learn the
    hot set of a million-row table online, so the tiered runs start from a scan of the first
    ``--prescan`` training samples' ids (``tiering.prescan``); the rows that scan makes hot
    and the time it takes are reported apart (``warm_start_bytes``, ``warm_start_s``), as is
@@ -44,8 +46,8 @@ from hpctrain.train.job import run_training
 __all__ = ["add_arguments", "run", "COLUMNS"]
 
 COLUMNS = ["zipf", "hot_fraction", "lfu_hit_rate", "lru_hit_rate", "oracle_hit_rate",
-           "train_hit_rate", "bytes_per_step", "bytes_ratio", "samples_per_s",
-           "baseline_samples_per_s", "speedup"]
+           "train_hit_rate", "bytes_ratio", "samples_per_s", "baseline_samples_per_s",
+           "speedup"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,7 +66,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prescan", type=int, default=5_000_000,
                         help="training samples scanned to seed the hot set (default 5M)")
     parser.add_argument("--repeat", type=int, default=1,
-                        help="training runs per setting, the fastest counts (default 1)")
+                        help="untiered/tiered pairs of runs per setting, the fastest of each "
+                             "kind counts (default 1)")
     parser.add_argument("--json", metavar="FILE", help="write the result rows as JSON")
 
 
@@ -147,16 +150,19 @@ def _replay(args: argparse.Namespace, config: JobConfig,
 
 def _training(args: argparse.Namespace, config: JobConfig,
               topo: Topology) -> dict[tuple[float, float], dict[str, Any]]:
-    """Untiered then tiered runs per exponent; collective over the world. World rank 0
-    gets, per setting, bytes and samples/s against the untiered run."""
+    """Alternating untiered and tiered runs per setting; collective over the world. World
+    rank 0 gets, per setting, bytes and samples/s against the untiered runs."""
     results = {}
     with tempfile.TemporaryDirectory(prefix="hpctrain-bench-") as scratch:
         for zipf in args.zipf:
-            base = _best(args, config, topo, zipf, 0.0, scratch)
             for budget in args.budgets:
-                tiered = _best(args, config, topo, zipf, budget, scratch)
+                pairs = [(_train(args, config, topo, zipf, 0.0, f"{scratch}/{budget}-{r}"),
+                          _train(args, config, topo, zipf, budget, f"{scratch}/{budget}-{r}"))
+                         for r in range(args.repeat)]
                 if topo.rank != 0:
                     continue
+                base = max((b for b, _ in pairs), key=lambda r: r["samples_per_s"])
+                tiered = max((t for _, t in pairs), key=lambda r: r["samples_per_s"])
                 results[(zipf, budget)] = {
                     "train_hit_rate": tiered["hit_rate"],
                     "train_oracle_hit_rate": tiered["oracle_hit_rate"],
@@ -170,17 +176,12 @@ def _training(args: argparse.Namespace, config: JobConfig,
                     "samples_per_s": tiered["samples_per_s"],
                     "baseline_samples_per_s": base["samples_per_s"],
                     "speedup": tiered["samples_per_s"] / base["samples_per_s"],
+                    "pair_speedups": [t["samples_per_s"] / b["samples_per_s"]
+                                      for b, t in pairs],
                     "retier_share": tiered["retier_share"],
                     "train_steps": args.train_steps,
                 }
     return results
-
-
-def _best(args: argparse.Namespace, config: JobConfig, topo: Topology, zipf: float,
-          budget: float, scratch: str) -> dict[str, float]:
-    """The fastest of ``--repeat`` runs (world rank 0; others get {})."""
-    runs = [_train(args, config, topo, zipf, budget, scratch) for _ in range(args.repeat)]
-    return max(runs, key=lambda r: r.get("samples_per_s", 0.0))
 
 
 def _train(args: argparse.Namespace, config: JobConfig, topo: Topology, zipf: float,

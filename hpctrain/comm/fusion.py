@@ -6,7 +6,11 @@ parameter's ``.grad`` is a view into it, so autograd accumulates in place and no
 into a fusion buffer is ever made. Parameters are laid out in reverse order (backward
 produces the last layers' gradients first) and cut into buckets of about ``bucket_bytes``
 contiguous bytes. Optional ``extra`` float32 slots at the start of the first bucket carry
-step statistics (sample count, loss sum) in the same reduction.
+step statistics (sample count, loss sum) in the same reduction, and an optional ``tail`` of
+float32 slots at the end of the first buffer carries values that are not parameters' gradients
+(the tiered store's hot-row gradients, :mod:`embeddings.tiered`): its bucket also waits for
+:meth:`FusedGradients.tail_ready`. Its owner writes and clears it; :meth:`~FusedGradients.scale`,
+:meth:`~FusedGradients.zero` and :meth:`~FusedGradients.finite` leave it alone.
 
 Protocol of one step: :meth:`FusedGradients.arm` before the last backward of the step
 enables the hooks (earlier micro-batches only accumulate); a parameter's
@@ -64,6 +68,8 @@ class Bucket:
     hi: int
     params: list[torch.nn.Parameter] = field(default_factory=list)
     pending: int = 0
+    tail: bool = False
+    """Whether the buffer's tail ends this bucket (one more input to wait for)."""
     handle: Any = None
     resident_op: window.ResidentAllreduce | None = None
     wire_op: WireAllreduce | None = None
@@ -76,7 +82,7 @@ class FusedGradients:
 
     def __init__(self, params: Sequence[torch.nn.Parameter], group: Group, bucket_bytes: int,
                  extra: int = 0, resident: bool = True, overlap: bool = True,
-                 wire: str = "float32") -> None:
+                 wire: str = "float32", tail: int = 0) -> None:
         self.group = group
         self.reduced_bytes = 0
         self.reductions = 0  # steps reduced (finish calls)
@@ -85,6 +91,7 @@ class FusedGradients:
         if not self.params:
             raise CommError("FusedGradients: no parameter requires a gradient")
         self.extra = extra
+        self.tail_size = tail
         groups: dict[tuple[torch.dtype, torch.device], list[torch.nn.Parameter]] = {}
         for p in reversed(self.params):
             groups.setdefault((p.dtype, p.device), []).append(p)
@@ -92,6 +99,9 @@ class FusedGradients:
         if extra and first not in (torch.float32, torch.float64):
             raise CommError(f"FusedGradients: extra slots need float32 or float64 "
                             f"parameters first, got {first}")
+        if tail and (first != torch.float32 or wire != "float32"):
+            raise CommError(f"FusedGradients: a tail travels as float32, in float32 parameters' "
+                            f"buffer; got {first} parameters first, wire {wire}")
         self.buckets: list[Bucket] = []
         for index, ps in enumerate(groups.values()):
             offset = extra if index == 0 else 0
@@ -105,12 +115,16 @@ class FusedGradients:
                     bucket = Bucket(index, offset, offset)
             if bucket.params:
                 self.buckets.append(bucket)
+            if index == 0 and tail:
+                self.buckets[-1].hi += tail
+                self.buckets[-1].tail = True
         self._agree_on_layout(groups)
         self.buffers: list[torch.Tensor] = []
         self.residents: list[window.Resident | None] = []
         for index, ((dtype, device), ps) in enumerate(groups.items()):
             offset = extra if index == 0 else 0
-            flat = self._allocate(offset + sum(p.numel() for p in ps), dtype, device,
+            flat = self._allocate(offset + sum(p.numel() for p in ps)
+                                  + (tail if index == 0 else 0), dtype, device,
                                   resident, len(self.buckets))
             self.buffers.append(flat)
             for p in ps:
@@ -141,7 +155,7 @@ class FusedGradients:
         """``allgather`` of the bucket layout: ranks that would reduce different buffers
         raise the same error instead of corrupting each other's gradients."""
         mine = (tuple((str(dtype), str(device), sum(p.numel() for p in ps))
-                      for (dtype, device), ps in groups.items()),
+                      for (dtype, device), ps in groups.items()), self.tail_size,
                 tuple((b.buffer, b.lo, b.hi) for b in self.buckets))
         with watching("agree", self.group.comm):
             layouts = self.group.comm.allgather(mine)
@@ -168,13 +182,25 @@ class FusedGradients:
         """The ``extra`` slots (at the start of the first buffer)."""
         return self.buffers[0][: self.extra]
 
+    @property
+    def tail(self) -> torch.Tensor:
+        """The ``tail`` slots (at the end of the first buffer), summed in place by
+        :meth:`finish` once :meth:`tail_ready` said they are written."""
+        flat = self.buffers[0]
+        return flat[flat.numel() - self.tail_size:]
+
+    def _grads(self, index: int) -> torch.Tensor:
+        """Buffer ``index`` without the extra slots and the tail."""
+        flat = self.buffers[index]
+        return flat[self.extra: flat.numel() - self.tail_size] if index == 0 else flat
+
     def arm(self, stats: Sequence[float] = ()) -> None:
         """Write ``stats`` into the extra slots and let the next backward's hooks launch
         buckets (call it before the last backward of a step)."""
         if stats:
             self.stats.copy_(torch.as_tensor(stats, dtype=self.stats.dtype))
         for b in self.buckets:
-            b.pending = len(b.params)
+            b.pending = len(b.params) + b.tail
         self._armed = True
         self._launched = 0
 
@@ -188,7 +214,17 @@ class FusedGradients:
         if p.grad is None or p.grad.data_ptr() != self._grad_ptrs[id(p)]:
             raise CommError("FusedGradients: a parameter's .grad was replaced (set_to_none?); "
                             "zero gradients with FusedGradients.zero() instead")
-        bucket = self._bucket_of[id(p)]
+        self._done(self._bucket_of[id(p)])
+
+    def tail_ready(self) -> None:
+        """The tail is written for this step (after :meth:`arm`): its bucket may launch."""
+        if not self.tail_size or not self._armed:
+            raise CommError("FusedGradients: tail_ready() needs a tail and an armed step")
+        self._done(next(b for b in self.buckets if b.tail))
+
+    def _done(self, bucket: Bucket) -> None:
+        """One input of ``bucket`` is final: launch the buckets that became ready, in order,
+        and advance the launched ones."""
         bucket.pending -= 1
         while self._launched < len(self.buckets) and \
                 self.buckets[self._launched].pending <= 0:
@@ -294,16 +330,17 @@ class FusedGradients:
         """Whether every gradient (not the extra slots) is finite, by one sum per buffer (a
         NaN or Inf makes it non-finite). May say False for finite gradients whose sum
         overflows: callers then look parameter by parameter."""
-        return all(bool(torch.isfinite(flat[self.extra if index == 0 else 0:].sum()))
-                   for index, flat in enumerate(self.buffers))
+        return all(bool(torch.isfinite(self._grads(index).sum()))
+                   for index in range(len(self.buffers)))
 
     def scale(self, factor: float) -> None:
-        for index, flat in enumerate(self.buffers):
-            flat[self.extra if index == 0 else 0:].mul_(factor)
+        for index in range(len(self.buffers)):
+            self._grads(index).mul_(factor)
 
     def zero(self) -> None:
-        for flat in self.buffers:
-            flat.zero_()
+        """Zero the gradients and the extra slots (the tail is its owner's)."""
+        for index, flat in enumerate(self.buffers):
+            (flat[: flat.numel() - self.tail_size] if index == 0 else flat).zero_()
 
     def close(self) -> None:
         if self._thread is not None:

@@ -26,13 +26,16 @@ class DataParallel:
     """Gradient summation of ``module`` over ``group`` (every rank runs the same module)."""
 
     def __init__(self, module: nn.Module, group: Group, config: CommConfig,
-                 extra: int = 2) -> None:
+                 extra: int = 2, tail: int = 0) -> None:
+        """``extra`` statistics ride in the first bucket, a ``tail`` of float32 values that
+        are not gradients in the last bucket of the first buffer
+        (:class:`~hpctrain.comm.fusion.FusedGradients`)."""
         self.group = group
         self.params = [p for p in module.parameters() if p.requires_grad]
         self._broadcast_parameters()
         self.fused = FusedGradients(self.params, group, config.bucket_kib * 1024, extra,
                                     resident=config.resident, overlap=config.overlap,
-                                    wire=config.wire_dtype)
+                                    wire=config.wire_dtype, tail=tail)
 
     def _broadcast_parameters(self) -> None:
         """Broadcast of all parameters from rank 0 over ``group``, so replicas start

@@ -52,7 +52,7 @@ from hpctrain.train.checkpoint_rows import SavedRows
 from hpctrain.train.dense_dp import ReplicatedDense
 from hpctrain.train.dense_grid import GridDense, NoTables, wants_model_parallel
 from hpctrain.train.dense_ps import DenseOnServers, ServerDense
-from hpctrain.train.engine import DenseEngine, StepWork
+from hpctrain.train.engine import DenseEngine, Rider, StepWork
 from hpctrain.train.local_sgd import LocalSGDDense
 from hpctrain.train.nonfinite import NonFiniteGuard
 from hpctrain.train.optim import DenseOptimizer, sparse_optimizer
@@ -64,6 +64,8 @@ from ps.service import PSJob
 __all__ = ["Counters", "WorkerParts", "build_worker", "step_count"]
 
 log = logging.getLogger(__name__)
+
+_SCAN = 1 << 15  # samples per chunk of the warm start's scan (its memory is in proportion)
 
 
 @dataclass
@@ -121,7 +123,10 @@ def build_worker(config: JobConfig, topo: Topology, dataset: Dataset, layout: Ta
         store = ReplicatedTables(LocalTables(layout, sparse, tc.seed), comm)
     else:
         client = job.client(models, sparse.state_width(layout.dim))
-        tiered = _tiered(config, topo, layout, client, group, sparse, models, stats)
+        carry = not full and not local_period(config.sync.dense) and \
+            config.comm.wire_dtype == "float32" and topo.device.type == "cpu"
+        tiered = _tiered(config, topo, layout, client, group, sparse, models, stats,
+                         _carried_rows(config, dataset, layout, group) if carry else 0)
         store = tiered or client
     if full:
         dense = DenseOnServers([p for p in model.parameters() if p.requires_grad], client,
@@ -132,7 +137,7 @@ def build_worker(config: JobConfig, topo: Topology, dataset: Dataset, layout: Ta
         engine = ServerDense(model, guard, tc.accumulate, comm, dense, samples, topo.device)
     else:
         engine = _replicated(config, model, guard, group, stats, step_count(config, dataset),
-                             topo.device)
+                             topo.device, tiered.rider if tiered else None)
     if manifest is not None:
         _restore(engine, store, manifest)
     if tiered:
@@ -171,18 +176,20 @@ def step_count(config: JobConfig, dataset: Dataset) -> int:
 
 
 def _replicated(config: JobConfig, model: DLRM, guard: NonFiniteGuard, group: Group,
-                stats: StepStats[StepWork], steps: int,
-                device: torch.device) -> ReplicatedDense:
-    """The data-parallel engine: gradients reduced every step, or local SGD's averages
-    every H steps; its optimizer is ``train.optimizer``, sharded when ``train.zero = 1``."""
+                stats: StepStats[StepWork], steps: int, device: torch.device,
+                rider: Rider | None) -> ReplicatedDense:
+    """The data-parallel engine: gradients reduced every step (``rider`` in their tail), or
+    local SGD's averages every H steps; its optimizer is ``train.optimizer``, sharded when
+    ``train.zero = 1``."""
     tc = config.train
-    dp = DataParallel(model, group, config.comm, extra=stats.size)
+    dp = DataParallel(model, group, config.comm, extra=stats.size,
+                      tail=rider.size if rider else 0)
     period = local_period(config.sync.dense)
     optimizer = ZeroOptimizer(dp, tc) if tc.zero else DenseOptimizer.from_config(dp.params, tc)
     if period:
         return LocalSGDDense(model, guard, tc.accumulate, dp, stats, optimizer, device,
                              period, steps)
-    return ReplicatedDense(model, guard, tc.accumulate, dp, stats, optimizer, device)
+    return ReplicatedDense(model, guard, tc.accumulate, dp, stats, optimizer, device, rider)
 
 
 def _restore(engine: DenseEngine, store: EmbeddingStore, manifest: ckpt.Manifest) -> None:
@@ -205,13 +212,24 @@ def _grid_worker(config: JobConfig, topo: Topology, layout: TableLayout,
                        layout, "", lambda: Counters(None, None), None, None)
 
 
+def _carried_rows(config: JobConfig, dataset: Dataset, layout: TableLayout,
+                  group: Group) -> int:
+    """The most rows one worker looks up in a step: its share of the global batch (the
+    largest share, rounded up) times the micro-batches times the tables."""
+    batch = min(config.train.batch_size, dataset.num_samples("train"))
+    return config.train.accumulate * -(-batch // group.size) * len(layout.specs)
+
+
 def _tiered(config: JobConfig, topo: Topology, layout: TableLayout, client: PSClient,
             group: Group, sparse: SparseOptimizer, models: list[SyncModel] | None,
-            stats: StepStats[StepWork]) -> TieredStore | None:
+            stats: StepStats[StepWork], carry_rows: int) -> TieredStore | None:
     """The hot tier over the servers' client, or None when the budget allows no row.
-    Hot rows keep the strictest staleness bound among the tables' sync models. Each
-    worker's count of hot rows in the coming push rides in the step's statistics as
-    ``hot`` (its own slot set, the others zero), so the push saves a collective."""
+    With ``carry_rows`` (the dense engine reduces gradients every step) the hot gradients
+    ride in that reduction, at most ``carry_rows`` hot rows per worker, and hot rows are
+    never stale. Otherwise hot rows keep the strictest staleness bound among the tables'
+    sync models, and each worker's count of hot rows in the coming push rides in the
+    step's statistics as ``hot`` (its own slot set, the others zero), so the push saves a
+    collective."""
     tc = config.tiering
     row = hot_row_bytes(layout.dim, sparse.state_width(layout.dim))
     capacity = hot_capacity(tc.budget, tc.budget_unit, layout.total_rows, row)
@@ -225,7 +243,11 @@ def _tiered(config: JobConfig, topo: Topology, layout: TableLayout, client: PSCl
     bounds = [m.bound for m in models or [] if m.bound is not None]
     staleness = min(bounds) if bounds else (None if models else 0)  # None: all ASP
     tiered = TieredStore(layout, client, group, sparse, tc, capacity, topo.device,
-                         staleness=staleness)
+                         staleness=0 if carry_rows else staleness, carry_rows=carry_rows)
+    if carry_rows:
+        log.info("hot gradients ride in the dense gradient reduction (%.1f MB per worker)",
+                 tiered.rider.segment_bytes() / 2**20)
+        return tiered
 
     def hot(work: StepWork) -> list[float]:
         counts = [0.0] * group.size
@@ -248,8 +270,8 @@ def _warm_start(config: JobConfig, topo: Topology, dataset: Dataset, layout: Tab
     comm = topo.role_comm
     lo, hi = shard_range(n, comm.Get_size(), comm.Get_rank())
     tiered.warm_start(
-        np.unique(layout.global_rows(dataset.sparse("train", a, min(hi, a + 65536))),
-                  return_counts=True) for a in range(lo, hi, 65536))
+        np.unique(layout.global_rows(dataset.sparse("train", a, min(hi, a + _SCAN))),
+                  return_counts=True) for a in range(lo, hi, _SCAN))
     moved = client.stats.move_bytes_sent + client.stats.move_bytes_received
     client.stats = type(client.stats)()
     return moved

@@ -4,7 +4,10 @@
 micro-batches; :class:`ReplicatedDense` sums the gradients over the workers by the
 allreduces of :class:`~hpctrain.parallel.data.DataParallel`, which start during the last
 backward, with the step's named statistics (:mod:`hpctrain.train.stats`) in the first
-bucket, then divides by the global sample count (an exact mean, also for uneven slices).
+bucket, then divides by the global sample count (an exact mean, also for uneven slices). A
+:class:`~hpctrain.train.engine.Rider` (the tiered store's hot-row gradients) rides in the
+tail of the last bucket: filled after the backward, applied with the dense update, discarded
+when the step is skipped.
 The optimizer it steps is the builder's choice: :class:`~hpctrain.train.optim.DenseOptimizer`,
 or ZeRO-1's :class:`~hpctrain.train.zero.ZeroOptimizer` (state sharded over the group).
 With ``runtime.trace`` on, each micro-batch's ``forward`` and ``backward`` are spans.
@@ -25,7 +28,7 @@ from hpctrain.models.dlrm import DLRM
 from hpctrain.parallel.data import DataParallel
 from hpctrain.runtime import trace
 from hpctrain.train import checkpoint as ckpt
-from hpctrain.train.engine import DenseEngine, DenseTraffic, Embed, Reduced, StepWork
+from hpctrain.train.engine import DenseEngine, DenseTraffic, Embed, Reduced, Rider, StepWork
 from hpctrain.train.nonfinite import NonFiniteGuard
 from hpctrain.train.optim import DenseOptimizer
 from hpctrain.train.stats import StepStats
@@ -75,16 +78,20 @@ class ReplicatedDense(LocalDense):
 
     def __init__(self, model: DLRM, guard: NonFiniteGuard, accumulate: int, dp: DataParallel,
                  stats: StepStats[StepWork], optimizer: DenseOptimizer | ZeroOptimizer,
-                 device: torch.device) -> None:
-        """``dp`` carries ``stats.size`` extra values in its first bucket."""
+                 device: torch.device, rider: Rider | None = None) -> None:
+        """``dp`` carries ``stats.size`` extra values in its first bucket and
+        ``rider.size`` in its tail."""
         super().__init__(model, guard, accumulate, dp.group.rank, dp.group.size, device)
-        self.stats, self.dp, self.optimizer = stats, dp, optimizer
+        self.stats, self.dp, self.optimizer, self.rider = stats, dp, optimizer, rider
 
     def last_backward(self, work: StepWork) -> None:
         """The last backward starts the bucket allreduces, the statistics in the first."""
         self.dp.arm(self.stats.values(work))
 
     def reduce(self, work: StepWork) -> Reduced:
+        if self.rider is not None:
+            self.rider.fill(work.lookups, self.dp.fused.tail)
+            self.dp.fused.tail_ready()
         sums = self.stats.read(self.dp.allreduce(self.stats.values(work)))
         flagged = sums["nonfinite"]
         # no root cause anywhere: the summed gradients (the same everywhere), one sum per
@@ -98,6 +105,11 @@ class ReplicatedDense(LocalDense):
     def update(self, lr: float, skip: bool, scale: float) -> None:
         if not skip:
             self.optimizer.step(lr)
+        if self.rider is not None:
+            if skip:
+                self.dp.fused.tail.zero_()
+            else:
+                self.rider.apply(self.dp.fused.tail, lr, scale)
         self.dp.zero()
 
     def state(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

@@ -15,6 +15,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -25,7 +26,7 @@ from hpctrain.data.types import Batch
 from hpctrain.train import checkpoint as ckpt
 from hpctrain.train.checkpointing import read_dense, write_dense
 
-__all__ = ["DenseEngine", "DenseTraffic", "Embed", "Reduced", "StepWork"]
+__all__ = ["DenseEngine", "DenseTraffic", "Embed", "Reduced", "Rider", "StepWork"]
 
 Embed = Callable[[Batch], torch.Tensor]
 """The embeddings ``[B, T, dim]`` of a batch's sparse ids (recording the lookup)."""
@@ -42,6 +43,22 @@ class StepWork:
     compute_s: float = 0.0
     """Seconds of forward and backward (without the lookups)."""
     lookup_s: float = 0.0
+
+
+class Rider(Protocol):
+    """Float32 values that ride in the step's gradient reduction (the tiered store's hot-row
+    gradients, :class:`~embeddings.hotsum.HotRider`): written after the backward, summed
+    with the gradients, used with the dense update."""
+
+    size: int
+    """Values it carries (the same on every worker)."""
+
+    def fill(self, lookups: list[Lookup], out: torch.Tensor) -> None:
+        """Write this worker's values of the step into ``out`` (zeros)."""
+
+    def apply(self, summed: torch.Tensor, lr: float, scale: float) -> None:
+        """Use the sums over the workers (``scale`` is 1 / the step's samples) and leave
+        ``summed`` zero."""
 
 
 @dataclass(frozen=True)

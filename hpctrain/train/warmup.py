@@ -1,11 +1,12 @@
 """The numba kernels a training step runs, made ready before the first step, with a log line.
 
 On a machine's first run numba compiles the sparse optimizers, the gradient coalescing, the
-reduction kernels and the frequency sketch (``cache=True``: later runs load them from
-``__pycache__``); compiling inside the first step left the progress bar at step 1 for
-seconds with no word why. :func:`prepare_kernels` runs each kernel once on a few elements,
-through the same entry points and argument types as the step, and says on rank 0 how long
-that took and whether the kernels were compiled or loaded from numba's cache.
+reduction kernels, the frequency sketch and the hot-gradient records' sum (``cache=True``:
+later runs load them from ``__pycache__``); compiling inside the first step left the
+progress bar at step 1 for seconds with no word why. :func:`prepare_kernels` runs each
+kernel once on a few elements, through the same entry points and argument types as the step,
+and says on rank 0 how long that took and whether the kernels were compiled or loaded from
+numba's cache.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import time
 
 import numpy as np
 
-from embeddings import freq
+from embeddings import freq, hotsum
 from embeddings.optim import SparseOptimizer, coalesce
 from hpctrain.comm import kernels
 
@@ -45,6 +46,8 @@ def prepare_kernels(optimizer: str, tiering: bool) -> tuple[float, int]:
     if tiering:
         sketch = freq.CountMinSketch(64, 2, seed=0)
         sketch.add(rows, np.ones(3, np.float32))
+        records = np.array([1, 0, 1, 2], np.float32)  # one worker's region: 1 record
+        hotsum._sum_records(records, 1, 4, 3, np.full(2, -1, np.int64), np.float32(1))
     seconds = time.perf_counter() - start
     compiled = sum(sum(d.stats.cache_misses.values()) for d in dispatchers) - misses
     if compiled:
@@ -59,6 +62,7 @@ def _dispatchers(tiering: bool) -> list:
     """The numba dispatchers :func:`prepare_kernels` reaches (for their cache counters)."""
     from embeddings import optim
 
-    found = [getattr(module, name) for module in (optim, kernels, *((freq,) if tiering else ()))
+    found = [getattr(module, name)
+             for module in (optim, kernels, *((freq, hotsum) if tiering else ()))
              for name in dir(module)]
     return [d for d in found if hasattr(d, "stats") and hasattr(d.stats, "cache_misses")]

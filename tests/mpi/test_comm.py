@@ -235,6 +235,39 @@ def test_bucketed_gradients_equal_unbucketed_ones(tmp_path):
     np.testing.assert_allclose(runs[0], runs[1], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.mpi(ranks=(2, 3))
+def test_a_tail_rides_in_the_last_bucket_of_the_first_buffer():
+    """A tail of values that are not gradients (the tiered store's hot rows) is summed with
+    the gradients; its bucket waits for tail_ready(); scale() and zero() leave it alone."""
+    group = Group(WORLD, CommConfig(check=True))
+    p, r = group.size, group.rank
+    for resident, overlap in ((True, True), (False, True), (True, False)):
+        params = [torch.nn.Parameter(torch.zeros(n)) for n in (300, 5, 1000, 77)]
+        fused = FusedGradients(params, group, bucket_bytes=1024, extra=1, resident=resident,
+                               overlap=overlap, tail=9)
+        assert fused.buckets[-1].tail and len(fused.buckets) >= 2
+        for step in range(2):
+            fused.zero()
+            fused.arm([1.0])
+            sum((w * (r + 1)).sum() for w in params).backward()
+            assert fused._launched < len(fused.buckets)  # the tail's bucket waits
+            fused.tail.copy_(torch.arange(9, dtype=torch.float32) * (r + 1) + step)
+            fused.tail_ready()
+            assert fused.finish()[0] == p
+            expect = np.arange(9) * p * (p + 1) / 2 + step * p
+            np.testing.assert_array_equal(fused.tail.numpy(), expect)
+            for w in params:
+                np.testing.assert_array_equal(w.grad.numpy(), np.full(w.numel(), p * (p + 1) / 2))
+            fused.scale(0.5)
+            fused.zero()
+            np.testing.assert_array_equal(fused.tail.numpy(), expect)
+            for w in params:
+                assert not w.grad.any()
+        fused.close()
+    with pytest.raises(CommError, match="tail travels as float32"):
+        FusedGradients([torch.nn.Parameter(torch.zeros(8))], group, 1024, wire="bf16", tail=4)
+
+
 @pytest.mark.mpi(ranks=(3, 4), timeout=600)
 def test_hierarchical_with_a_forced_two_node_layout():
     """``comm.node_size = 2`` makes ranks {0, 1} and {2, 3} two nodes: the hierarchical

@@ -157,22 +157,30 @@ def parameters(trainer: Trainer) -> np.ndarray:
 @pytest.mark.mpi(ranks=(3, 4))
 def test_tiered_training_equals_untiered(mpi_ranks, tmp_path):
     """1 server and 2 or 3 workers, BSP, SGD, the hot set warm-started from a scan of the
-    data: the tiered run ends with the model of the untiered one (which equals the
-    single-process replicated run, see test_ps)."""
-    config = load_config(overrides=[*TRAIN, "ps.servers=1", "train.optimizer='sgd'",
-                                    "train.lr=0.3", f"train.run_dir={str(tmp_path)!r}"])
-    topo = build_topology(config)
-    read: dict[str, object] = {}
+    data, the hot gradients riding in the dense gradient reduction in either layout (a
+    line per hot row at budget 0.1, per-worker records at 0.5): the tiered run ends with
+    the model of the untiered one (which equals the single-process replicated run, see
+    test_ps)."""
+    for budget, records in ((0.1, False), (0.5, True)):
+        config = load_config(overrides=[*TRAIN, "ps.servers=1", "train.optimizer='sgd'",
+                                        "train.lr=0.3", f"tiering.budget={budget}",
+                                        f"train.run_dir={str(tmp_path / str(budget))!r}"])
+        topo = build_topology(config)
+        read: dict[str, object] = {}
 
-    def read_back(trainer: Trainer) -> None:  # on the workers, while the servers serve
-        read["pulled"] = trainer.table_rows()
-        read["block"] = trainer.server_rows()  # hot rows written back, as close() does
-        read["trainer"] = trainer
-        stats = trainer.counters().tiering
-        assert stats.retiers >= 4 and stats.warm_start_rows > 0 and stats.hits > 0
+        def read_back(trainer: Trainer, records: bool = records,
+                      read: dict[str, object] = read) -> None:  # on the workers
+            read["pulled"] = trainer.table_rows()
+            read["block"] = trainer.server_rows()  # hot rows written back, as close() does
+            read["trainer"] = trainer
+            stats = trainer.counters().tiering
+            assert stats.retiers >= 4 and stats.warm_start_rows > 0 and stats.hits > 0
+            assert trainer.store.rider.records == records
+            assert stats.carried_syncs == 9 and stats.dense_syncs == stats.sparse_syncs == 0
 
-    summary = run_training(config, topo, on_trained=read_back)
-    if topo.rank == 0:
+        summary = run_training(config, topo, on_trained=read_back)
+        if topo.rank != 0:
+            continue
         trainer, pulled, block = read["trainer"], read["pulled"], read["block"]
         first = summary.tiering[0]
         assert first.hit_rate > 0.3 and 0 < first.oracle_hit_rate <= 1

@@ -7,7 +7,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from embeddings.freq import CountMinSketch, ExactCounts, FrequencyTracker, oracle_hit_rate
+from embeddings.freq import (
+    CountMinSketch,
+    ExactCounts,
+    FrequencyTracker,
+    LookupTotals,
+    oracle_hit_rate,
+)
 from embeddings.hotcold import HotSetPlanner, best, hot_capacity, merge_seen, retier_due
 from hpctrain.config import load_config
 from hpctrain.data.synthetic import SyntheticClicks
@@ -232,3 +238,23 @@ def test_tiering_needs_servers_and_zero_is_off():
         load_config(overrides=["tiering.budget=0.1"])
     assert load_config(overrides=["tiering.budget=0"]).tiering.budget == 0.0
     assert load_config(overrides=["ps.servers=1", "tiering.budget=7"]).tiering.budget == 7.0
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 199), max_size=40), min_size=1, max_size=8),
+       st.integers(1, 50))
+def test_lookup_totals_dense_and_sparse_count_alike(batches, capacity):
+    """The oracle's totals over all rows (dense) or over the rows seen (sparse, merged per
+    batch) give the same hit rate as counting every lookup by hand."""
+    dense, sparse = LookupTotals(200, 10**6), LookupTotals(200, 10)
+    assert dense.dense and not sparse.dense
+    total = np.zeros(200)
+    for batch in batches:
+        rows, counts = np.unique(np.array(batch, dtype=np.int64), return_counts=True)
+        for totals in (dense, sparse):
+            totals.add(rows, counts.astype(np.float32))
+        total[rows] += counts
+    assert len(sparse.rows) == int((total > 0).sum()) and sparse.rows.nbytes <= 8 * 200
+    expected = oracle_hit_rate(total, capacity)
+    assert dense.hit_rate(capacity) == pytest.approx(expected)
+    assert sparse.hit_rate(capacity) == pytest.approx(expected)
