@@ -92,7 +92,7 @@ class ZeroOptimizer:
     def gathered_state(self) -> list[torch.Tensor]:
         """The plain optimizer's state over all the parameters, assembled from every
         worker's shard (collective over the group: one ``allgather`` per tensor group)."""
-        full = empty_state(self.params, self.kind, self.momentum)
+        full = self.empty_full_state()
         lo, hi = self.shard
         n = len(self.pieces)
         for g in range(self.groups):
