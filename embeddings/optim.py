@@ -8,6 +8,9 @@ optimizer state together). Rows must be unique: :func:`coalesce` sums duplicates
   ``a += mean(g^2)``; ``w -= lr * g / (sqrt(a) + eps)``.
 - ``adam`` (lazy): moments and a step count per row, advanced only when the row is touched,
   so an untouched row's state does not decay (the usual sparse Adam).
+- ``adagrad_values``: one accumulator per value, ``a += g^2``; ``w -= lr g / (sqrt(a) +
+  eps)``: the dense optimizer's Adagrad, for dense parameters kept as rows (the servers'
+  dense table in full mode, see :meth:`SparseOptimizer.per_value`). Not a table choice.
 
 The kernels run on host memory. Rows that live on a GPU (the hot tier on a CUDA machine) are
 updated by :meth:`SparseOptimizer.apply_torch`: the same formulas as vectorised torch ops on
@@ -24,7 +27,8 @@ import torch
 
 __all__ = ["SparseOptimizer", "coalesce", "OPTIMIZERS"]
 
-OPTIMIZERS = ("sgd", "adagrad", "adam")
+OPTIMIZERS = ("sgd", "adagrad", "adam")  # the tables' choices (train.sparse_optimizer)
+_KINDS = (*OPTIMIZERS, "adagrad_values")
 
 
 @numba.njit(cache=True, nogil=True)
@@ -47,6 +51,16 @@ def _rowwise_adagrad(weight, state, rows, grads, lr, eps):  # pragma: no cover -
         step = lr / (np.sqrt(state[r, 0]) + eps)
         for j in range(dim):
             weight[r, j] -= step * grads[i, j]
+
+
+@numba.njit(cache=True, nogil=True)
+def _adagrad_values(weight, state, rows, grads, lr, eps):  # pragma: no cover - compiled
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        for j in range(weight.shape[1]):
+            g = grads[i, j]
+            state[r, j] += g * g
+            weight[r, j] -= lr * g / (np.sqrt(state[r, j]) + eps)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -105,12 +119,21 @@ class SparseOptimizer:
     beta2: float = 0.999
 
     def __post_init__(self) -> None:
-        if self.kind not in OPTIMIZERS:
+        if self.kind not in _KINDS:
             raise ValueError(f"unknown sparse optimizer {self.kind!r}; expected {OPTIMIZERS}")
+
+    def per_value(self, adagrad_eps: float) -> SparseOptimizer:
+        """This optimizer with its state per value rather than per row, for dense parameters
+        kept as rows: row-wise Adagrad's one accumulator per ``dim`` values would give them
+        one step size per block of unrelated weights. Adagrad becomes ``adagrad_values``
+        (with ``adagrad_eps``, the dense optimizer's); sgd and lazy adam already are."""
+        if self.kind != "adagrad":
+            return self
+        return SparseOptimizer("adagrad_values", eps=adagrad_eps)
 
     def state_width(self, dim: int) -> int:
         """float32 values of optimizer state per row."""
-        return {"sgd": 0, "adagrad": 1, "adam": 2 * dim + 1}[self.kind]
+        return {"sgd": 0, "adagrad": 1, "adam": 2 * dim + 1, "adagrad_values": dim}[self.kind]
 
     def new_state(self, rows: int, dim: int) -> np.ndarray:
         return np.zeros((rows, self.state_width(dim)), dtype=np.float32)
@@ -122,13 +145,18 @@ class SparseOptimizer:
             _sgd(weight, rows, grads, np.float32(lr))
         elif self.kind == "adagrad":
             _rowwise_adagrad(weight, state, rows, grads, np.float32(lr), np.float32(self.eps))
+        elif self.kind == "adagrad_values":
+            _adagrad_values(weight, state, rows, grads, np.float32(lr), np.float32(self.eps))
         else:
             _lazy_adam(weight, state, rows, grads, np.float32(lr), np.float32(self.beta1),
                        np.float32(self.beta2), np.float32(self.eps))
 
     def apply_torch(self, weight: torch.Tensor, state: torch.Tensor, rows: torch.Tensor,
                     grads: torch.Tensor, lr: float) -> None:
-        """:meth:`apply` on torch tensors of any device (``rows`` unique, int64)."""
+        """:meth:`apply` on torch tensors of any device (``rows`` unique, int64); tables'
+        optimizers only (the hot tier's)."""
+        if self.kind not in OPTIMIZERS:
+            raise ValueError(f"{self.kind} runs on host rows only")
         if self.kind == "sgd":
             weight.index_add_(0, rows, grads, alpha=-lr)
             return

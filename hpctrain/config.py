@@ -460,11 +460,7 @@ class JobConfig:
             if tc.optimizer not in ("sgd", "adagrad", "adam"):
                 raise ConfigError(f"train.optimizer = {tc.optimizer!r}: with ps.mode = 'full' "
                                   f"the servers run the dense optimizer, and they run sgd, "
-                                  f"adagrad (row-wise) and adam (lazy) only")
-            if tc.table_optimizer != tc.optimizer:
-                raise ConfigError(f"train.sparse_optimizer = {tc.sparse_optimizer!r}: with "
-                                  f"ps.mode = 'full' the servers run one optimizer, "
-                                  f"train.optimizer = {tc.optimizer!r}")
+                                  f"adagrad and adam only")
             for key in ("momentum", "weight_decay", "clip_norm"):
                 if getattr(tc, key):
                     raise ConfigError(f"train.{key}: with ps.mode = 'full' the servers run "

@@ -159,8 +159,7 @@ class Server:
         tables, none = self.store.tables, np.empty(0, dtype=np.int64)
         slots, _ = self.store.request_slots(none, none, none)
         gather_rows(np.empty((0, self.dim), np.float32), tables.weight, slots)
-        tables.optimizer.apply(tables.weight, tables.state, slots,
-                               np.empty((0, self.dim), np.float32), 0.0)
+        self.store.apply(slots, np.empty((0, self.dim), np.float32), 0.0)
         coalesce(np.array([1, 0]), np.zeros((2, self.dim), np.float32))  # repeated rows
 
     def serve(self) -> ServerStats:
@@ -304,8 +303,7 @@ class Server:
         else:
             rows, summed = slots[0], np.ascontiguousarray(grads[0], dtype=np.float32)
         if len(rows):
-            tables = self.store.tables
-            tables.optimizer.apply(tables.weight, tables.state, rows, summed, pushes[0][1].lr)
+            self.store.apply(rows, summed, pushes[0][1].lr)
         for source, request in pushes:
             self.clock[source] = request.step + 1
 
@@ -330,8 +328,7 @@ class Server:
                           f"{source}: {exc}") from exc
         width = request.grads.shape[1]
         if width == self.dim:
-            tables.weight[slots] = request.grads
-            tables.state[slots] = 0.0
+            self.store.write_values(slots, request.grads)
         elif width == self.dim + tables.state_width:
             tables.write(slots, request.grads)
         else:

@@ -76,14 +76,17 @@ class PSJob:
     def serve(self, optimizer: SparseOptimizer, seed: int, models: Sequence[SyncModel],
               deterministic: bool = False,
               restore: Callable[[ShardStore], int] | None = None,
-              on_save: Callable[[ShardStore, int], None] | None = None) -> ServerStats:
+              on_save: Callable[[ShardStore, int], None] | None = None,
+              dense_optimizer: SparseOptimizer | None = None) -> ServerStats:
         """Hold this server's shard and serve the workers until they are all done.
 
         ``restore(store)`` fills the shard from a checkpoint and returns its step, where
-        every worker's clock then starts; ``on_save`` writes checkpoints (see ps.server)."""
+        every worker's clock then starts; ``on_save`` writes checkpoints (see ps.server);
+        ``dense_optimizer`` updates the last table, full mode's dense parameters (see
+        :class:`~ps.store.ShardStore`)."""
         index = self.comm.Get_rank() - self.roles.workers
         before = current_rss_bytes()
-        store = ShardStore(self.layout, self.placement, index, optimizer, seed)
+        store = ShardStore(self.layout, self.placement, index, optimizer, seed, dense_optimizer)
         clock = restore(store) if restore else 0
         server = Server(self.comm, store, self.roles.worker_ranks(), models, deterministic,
                         clock, on_save)

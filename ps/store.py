@@ -2,6 +2,11 @@
 
 Slots follow the plan's :class:`~embeddings.sharding.Placement`; initial values depend only
 on (seed, table, row), so a row starts the same however the tables are sharded.
+
+In full mode the last table holds the dense parameters, which get an optimizer of their own
+(``dense_optimizer``, per value: :meth:`~embeddings.optim.SparseOptimizer.per_value`). A
+table's slots on a server are contiguous and the last table's come last, so the dense rows
+are the slots from :attr:`ShardStore.dense_from` on, and their state is a separate array.
 """
 
 from __future__ import annotations
@@ -19,12 +24,38 @@ __all__ = ["ShardStore"]
 
 class ShardStore:
     def __init__(self, layout: TableLayout, placement: Placement, server: int,
-                 optimizer: SparseOptimizer, seed: int) -> None:
+                 optimizer: SparseOptimizer, seed: int,
+                 dense_optimizer: SparseOptimizer | None = None) -> None:
         self.layout = layout
         self.placement = placement
         self.server = server
         self.tables = LocalTables(layout, optimizer, seed, placement.server_rows(server),
                                   rows_of=self.global_rows)
+        count = len(self.tables.weight)
+        self.dense_from = count - int(placement.counts[server][-1]) if dense_optimizer else count
+        self.dense_optimizer = dense_optimizer
+        self.dense_state = (dense_optimizer.new_state(count - self.dense_from, layout.dim)
+                            if dense_optimizer else None)
+
+    def apply(self, slots: np.ndarray, grads: np.ndarray, lr: float) -> None:
+        """Update unique ``slots`` with their gradient rows: the tables' optimizer, and the
+        dense optimizer on the dense rows."""
+        t, lo = self.tables, self.dense_from
+        if self.dense_optimizer is None:
+            t.optimizer.apply(t.weight, t.state, slots, grads, lr)
+            return
+        dense = slots >= lo
+        t.optimizer.apply(t.weight, t.state, slots[~dense], grads[~dense], lr)
+        self.dense_optimizer.apply(t.weight[lo:], self.dense_state, slots[dense] - lo,
+                                   grads[dense], lr)
+
+    def write_values(self, slots: np.ndarray, values: np.ndarray) -> None:
+        """Overwrite rows, their optimizer state reset (workers place the dense values so)."""
+        self.tables.weight[slots] = values
+        self.tables.state[slots] = 0.0
+        if self.dense_state is not None:
+            dense = slots[slots >= self.dense_from] - self.dense_from
+            self.dense_state[dense] = 0.0
 
     def global_rows(self, lo: int, hi: int) -> np.ndarray:
         """Global rows held in slots ``[lo, hi)`` (they may span several tables)."""
@@ -68,4 +99,5 @@ class ShardStore:
                              f"{owner}, not {self.server}")
 
     def resident_bytes(self) -> int:
-        return self.tables.weight.nbytes + self.tables.state.nbytes
+        dense = 0 if self.dense_state is None else self.dense_state.nbytes
+        return self.tables.weight.nbytes + self.tables.state.nbytes + dense

@@ -9,6 +9,8 @@ Layout of ``RUN_DIR/checkpoints/step-00000200/``:
   Each holds ``rows`` (int64 global row ids), ``weight`` (float32 [n, dim]) and ``state``
   (float32 [n, optimizer state width]); any holder can load any file, so a checkpoint restores
   onto another number of workers or servers (rows are re-partitioned by the new plan);
+- ``dense-table-<s>.h5`` (server ``s``, full mode): the dense table's rows in the same form,
+  their ``state`` the per-value optimizer's (as wide as the rows);
 - ``manifest.h5``: format and version, step, the resolved config (TOML), the sharding plan,
   roles, clocks, every file's size and SHA-256. World rank 0 writes it last.
 
@@ -34,14 +36,15 @@ import numpy as np
 from hpctrain.errors import CheckpointError
 from hpctrain.runtime.durable import fsync_path
 
-__all__ = ["FORMAT", "VERSION", "Manifest", "FileEntry", "step_dir", "write_atomic",
-           "write_rows", "read_rows", "write_manifest", "read_manifest", "latest", "prune",
-           "young_daly_s", "file_sha256"]
+__all__ = ["DENSE_TABLE_PREFIX", "FORMAT", "VERSION", "Manifest", "FileEntry", "step_dir",
+           "write_atomic", "write_rows", "read_rows", "write_manifest", "read_manifest",
+           "latest", "prune", "young_daly_s", "file_sha256"]
 
 FORMAT = "hpctrain-checkpoint"
 VERSION = 1
 _CHUNK_ROWS = 1 << 18
 _STEP_PREFIX = "step-"
+DENSE_TABLE_PREFIX = "dense-table-"
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,11 @@ class Manifest:
     def row_files(self) -> list[str]:
         """The files holding embedding rows (all but the dense ones)."""
         return [f.name for f in self.files if not f.name.startswith("dense")]
+
+    def dense_table_files(self) -> list[str]:
+        """Full mode's dense table rows with their per-value optimizer state, one file per
+        server."""
+        return [f.name for f in self.files if f.name.startswith(DENSE_TABLE_PREFIX)]
 
 
 def step_dir(run_dir: str | os.PathLike[str], step: int) -> Path:

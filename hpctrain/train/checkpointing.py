@@ -102,9 +102,12 @@ def shape_of(config: JobConfig, layout: TableLayout) -> dict[str, str]:
 
 
 def _dense_layout(config: JobConfig) -> str:
-    """The dense files a checkpoint holds: one, or one per (stage, tensor shard), whose
-    split the cuts (balanced from ``model.top_mlp`` when empty) decide."""
+    """The dense files a checkpoint holds: one, one per (stage, tensor shard), whose split
+    the cuts (balanced from ``model.top_mlp`` when empty) decide, or full mode's dense table
+    on the servers with its optimizer's state per value."""
     par = config.parallel
+    if config.ps.servers and config.ps.mode == "full":
+        return "a table on the servers, optimizer state per value"
     if par.tp * par.pp == 1:
         return "whole"
     return (f"parallel.tp = {par.tp}, parallel.pp = {par.pp}, parallel.stage_cuts = "
@@ -117,7 +120,9 @@ _DATA_KEYS = ("source", "paths", "eval_paths", "eval_fraction", "train_samples",
 
 def check_compatible(manifest: ckpt.Manifest, config: JobConfig, layout: TableLayout) -> None:
     mine = shape_of(config, layout)
-    for key, value in manifest.shape.items():
+    order = list(mine)  # the job's order: ps.mode before the dense layout it implies
+    for key, value in sorted(manifest.shape.items(),
+                             key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)):
         ours = mine.get(key)
         compatible = ours == value or (key == "ps.mode" and "full" not in (ours, value))
         if not compatible:
@@ -226,15 +231,25 @@ def server_hooks(world: MPI.Intracomm, run_dir: str, keep: int, layout: TableLay
     def restore(store) -> int:
         if manifest is None:
             return 0
-        restore_rows(manifest, store.tables, shard_select(layout, placement, server))
+        select = shard_select(layout, placement, server)
+        restore_rows(manifest, store.tables, select)
+        if store.dense_state is not None:
+            folder, names = Path(manifest.path), manifest.dense_table_files()
+            for rows, weight, state in ckpt.read_rows(folder, names):
+                mask, slots = select(rows)
+                store.tables.weight[slots] = weight[mask]
+                store.dense_state[slots - store.dense_from] = state[mask]
         return manifest.step
 
     def on_save(store, step: int) -> None:
-        folder = ckpt.step_dir(run_dir, step)
-        rows = store.global_rows(0, len(store.tables.weight))
-        entry = ckpt.write_rows(folder / f"shard-{server}.h5", rows, store.tables.weight,
-                                store.tables.state)
-        commit(world, folder, [entry], None, keep)
+        folder, t, lo = ckpt.step_dir(run_dir, step), store.tables, store.dense_from
+        rows = store.global_rows(0, len(t.weight))
+        entries = [ckpt.write_rows(folder / f"shard-{server}.h5", rows[:lo], t.weight[:lo],
+                                   t.state[:lo])]
+        if store.dense_state is not None:
+            entries.append(ckpt.write_rows(folder / f"{ckpt.DENSE_TABLE_PREFIX}{server}.h5",
+                                           rows[lo:], t.weight[lo:], store.dense_state))
+        commit(world, folder, entries, None, keep)
 
     return restore, on_save
 

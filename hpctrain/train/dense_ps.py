@@ -4,8 +4,9 @@ The model's parameters, flattened, become one more table ("dense") of rows as wi
 embeddings, so the sync model governs them exactly as it governs the embedding tables:
 every step a worker pulls all dense rows, computes, and pushes their gradients with its
 embedding gradients in the same push (one push per step is one clock tick). The servers
-update them with the job's sparse optimizer (row-wise Adagrad works on blocks of ``dim``
-values here). Workers never allreduce: they meet only through the servers.
+update them with ``train.optimizer`` per value (:func:`~hpctrain.train.optim.dense_table_optimizer`:
+Adagrad with one accumulator per parameter, as in hybrid mode, not the tables' one per row).
+Workers never allreduce: they meet only through the servers.
 
 :class:`ServerDense` is the dense engine of this mode. Each worker divides its gradients by
 the global batch's exact sample count, which every worker knows without a message (the

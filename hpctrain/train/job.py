@@ -14,6 +14,7 @@ import dataclasses
 import logging
 from collections.abc import Callable
 
+from embeddings.optim import SparseOptimizer
 from embeddings.tables import TableLayout
 from hpctrain.comm import emulate
 from hpctrain.config import JobConfig
@@ -30,7 +31,7 @@ from hpctrain.train import checkpointing
 from hpctrain.train.dense_ps import with_dense_table
 from hpctrain.train.inputs import agree_on_inputs, available_memory, check_memory
 from hpctrain.train.meta import collect_meta, write_meta
-from hpctrain.train.optim import sparse_optimizer
+from hpctrain.train.optim import dense_table_optimizer, sparse_optimizer
 from hpctrain.train.report import Summary
 from hpctrain.train.rundir import claim, default_run_dir
 from hpctrain.train.trainer import Trainer
@@ -62,7 +63,8 @@ def run_training(config: JobConfig, topo: Topology,
     if config.runtime.trace:
         trace.start(config.runtime.trace, topo.world, "worker" if topo.is_worker else "server")
     job = TrainingJob(config, topo, resume)
-    prepare_kernels(config.train.table_optimizer, config.tiering.budget > 0)
+    prepare_kernels([sparse_optimizer(config.train), *job.dense_table_optimizer()],
+                    config.tiering.budget > 0)
     summary = job.run(fit)
     written = trace.finish(topo.world)
     if written:
@@ -133,7 +135,12 @@ class TrainingJob:
             self.ps.placement, topo.rank - topo.workers, self.manifest)
         return self.ps.serve(sparse_optimizer(config.train), config.train.seed,
                              self.models, config.sync.deterministic, restore,
-                             on_save)
+                             on_save, *self.dense_table_optimizer())
+
+    def dense_table_optimizer(self) -> list[SparseOptimizer]:
+        """The servers' optimizer of the dense table: one in full mode, else none."""
+        full = self.ps is not None and self.config.ps.mode == "full"
+        return [dense_table_optimizer(self.config.train)] if full else []
 
     def run(self, work: Callable[[Trainer], Summary | None]) -> Summary:
         """Every rank's role: workers run ``work`` on their trainer, then close it; servers

@@ -33,7 +33,8 @@ from embeddings.optim import SparseOptimizer
 from hpctrain.config import TrainConfig
 
 __all__ = ["DenseOptimizer", "DENSE_OPTIMIZERS", "clip_grad_norm", "empty_state",
-           "scaled_lr", "scheduled_lr", "sparse_optimizer", "state_groups"]
+           "dense_table_optimizer", "scaled_lr", "scheduled_lr", "sparse_optimizer",
+           "state_groups"]
 
 DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam", "adamw", "lars", "lamb")
 
@@ -199,7 +200,17 @@ def scheduled_lr(tc: TrainConfig, step: int) -> float:
 def sparse_optimizer(tc: TrainConfig) -> SparseOptimizer:
     """The tables' optimizer (``train.sparse_optimizer``, resolved by
     :attr:`TrainConfig.table_optimizer`), with the Adam hyper-parameters for lazy Adam."""
-    kind = tc.table_optimizer
+    return _row_optimizer(tc.table_optimizer, tc)
+
+
+def dense_table_optimizer(tc: TrainConfig) -> SparseOptimizer:
+    """The servers' optimizer of full mode's dense table: ``train.optimizer`` per value
+    (Adagrad with the dense optimizer's epsilon), the update hybrid mode's
+    :class:`DenseOptimizer` makes."""
+    return _row_optimizer(tc.optimizer, tc).per_value(_ADAGRAD_EPS)
+
+
+def _row_optimizer(kind: str, tc: TrainConfig) -> SparseOptimizer:
     if kind == "adam":
         return SparseOptimizer(kind, eps=tc.eps, beta1=tc.betas[0], beta2=tc.betas[1])
     return SparseOptimizer(kind)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -25,8 +26,8 @@ __all__ = ["prepare_kernels"]
 log = logging.getLogger(__name__)
 
 
-def prepare_kernels(optimizer: str, tiering: bool) -> tuple[float, int]:
-    """Compile or load the kernels of a step with the sparse ``optimizer`` (and the tiered
+def prepare_kernels(optimizers: Sequence[SparseOptimizer], tiering: bool) -> tuple[float, int]:
+    """Compile or load the kernels of a step with the row ``optimizers`` (and the tiered
     store's frequency sketch when ``tiering``); returns (seconds, kernels compiled)."""
     dispatchers = _dispatchers(tiering)
     misses = sum(sum(d.stats.cache_misses.values()) for d in dispatchers)
@@ -35,9 +36,9 @@ def prepare_kernels(optimizer: str, tiering: bool) -> tuple[float, int]:
     start = time.perf_counter()
     rows, grads = np.array([2, 0, 2], np.int64), np.ones((3, 4), np.float32)
     unique, summed = coalesce(rows, grads)
-    sparse = SparseOptimizer(optimizer)
-    weight = np.zeros((3, 4), np.float32)
-    sparse.apply(weight, sparse.new_state(3, 4), unique, summed, 0.1)
+    for sparse in optimizers:
+        weight = np.zeros((3, 4), np.float32)
+        sparse.apply(weight, sparse.new_state(3, 4), unique, summed, 0.1)
     for dtype in (np.float32, np.float64):
         flat, own = np.zeros(8, dtype), np.zeros(4, dtype)
         kernels.reduce_pair(own, flat[:4], kernels.SUM, kernels.ARITH)

@@ -46,19 +46,23 @@ def final_state(run_dir: Path, step: int = 8, dense: bool = True) -> dict[str, n
     """Every row (sorted by global id) with its state, and the dense parameters (of
     ``dense.h5``, when ``dense``)."""
     manifest = ckpt.read_manifest(ckpt.step_dir(run_dir, step))
-    parts = list(ckpt.read_rows(Path(manifest.path), manifest.row_files()))
-    rows = np.concatenate([p[0] for p in parts])
-    order = np.argsort(rows)
-    state = {"rows": rows[order], "weight": np.concatenate([p[1] for p in parts])[order],
-             "state": np.concatenate([p[2] for p in parts])[order]}
+    state = sorted_rows(manifest, manifest.row_files())
     if not dense:
         return state
     with h5py.File(Path(manifest.path) / "dense.h5") as f:
         for name, item in f["param"].items():
             state[f"param/{name}"] = item[()]
-        for name, item in f["optim"].items():
+        for name, item in (f["optim"].items() if "optim" in f else ()):  # none: full mode
             state[f"optim/{name}"] = item[()]
     return state
+
+
+def sorted_rows(manifest: ckpt.Manifest, names: list[str]) -> dict[str, np.ndarray]:
+    parts = list(ckpt.read_rows(Path(manifest.path), names))
+    rows = np.concatenate([p[0] for p in parts])
+    order = np.argsort(rows)
+    return {"rows": rows[order], "weight": np.concatenate([p[1] for p in parts])[order],
+            "state": np.concatenate([p[2] for p in parts])[order]}
 
 
 def assert_identical(a: dict, b: dict) -> None:
@@ -109,6 +113,27 @@ def test_kill_resume_and_reshard_give_bitwise_the_same_model(tmp_path):
                       "train.steps=8"], ranks=3, timeout=180)
     assert result.returncode == 0, result.stdout
     assert_identical(final_state(shrunk), reference)
+
+
+def test_full_mode_resumes_its_dense_table_bitwise_onto_another_server_count(tmp_path):
+    """Full mode: the dense table (per-value Adagrad state, ``dense-table-<s>.h5``) and the
+    tables after 4 steps on 2 servers and 4 more on 1 equal 8 straight steps on 1 server."""
+    full = ("--set", "ps.mode='full'")
+    straight, moved = tmp_path / "a", tmp_path / "b"
+    train(straight, 3, *full)
+    train(moved, 4, *full, "--set", "train.steps=4")
+    result = run_mpi([*HPCTRAIN, "--resume", str(moved), *servers(1), "--set",
+                      "train.steps=8"], ranks=3, timeout=180)
+    assert result.returncode == 0, result.stdout
+    assert "(step 4)" in result.stdout, result.stdout
+    tables = {}
+    for run in (straight, moved):
+        manifest = ckpt.read_manifest(ckpt.step_dir(run, 8))
+        tables[run] = sorted_rows(manifest, manifest.dense_table_files())
+    assert tables[straight]["state"].shape == tables[straight]["weight"].shape  # per value
+    assert tables[straight]["state"].any()
+    assert_identical(tables[moved], tables[straight])
+    assert_identical(final_state(moved), final_state(straight))
 
 
 def test_resume_refuses_what_it_cannot_restore(tmp_path):

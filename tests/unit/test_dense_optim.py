@@ -7,7 +7,14 @@ import torch
 from hpctrain.config import TrainConfig, load_config
 from hpctrain.errors import ConfigError
 from hpctrain.train import checkpointing
-from hpctrain.train.optim import DenseOptimizer, clip_grad_norm, scaled_lr, scheduled_lr
+from hpctrain.train.optim import (
+    DenseOptimizer,
+    clip_grad_norm,
+    dense_table_optimizer,
+    scaled_lr,
+    scheduled_lr,
+    sparse_optimizer,
+)
 
 REFERENCES = {
     "sgd": (torch.optim.SGD, {}, {}),
@@ -155,8 +162,6 @@ def test_table_optimizer_pairs():
 @pytest.mark.parametrize("overrides,words", [
     (["train.optimizer='lamb'", "ps.servers=1", "ps.mode='full'"],
      ["train.optimizer", "servers"]),
-    (["train.optimizer='adam'", "train.sparse_optimizer='adagrad'", "ps.servers=1",
-      "ps.mode='full'"], ["train.sparse_optimizer", "one optimizer"]),
     (["train.optimizer='sgd'", "train.clip_norm=1.0", "ps.servers=1", "ps.mode='full'"],
      ["train.clip_norm"]),
     (["train.optimizer='adam'", "train.momentum=0.9"], ["train.momentum"]),
@@ -194,3 +199,31 @@ def test_zero_settings_not_built_are_one_line(overrides, words):
     assert "\n" not in str(err.value)
     for word in words:
         assert word in str(err.value)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adagrad", "adam"])
+def test_full_mode_dense_table_updates_as_the_dense_optimizer(kind):
+    """The servers' per-value optimizer of full mode's dense table makes hybrid mode's dense
+    update: the flattened parameters as rows, pushed once per step, as DenseOptimizer steps."""
+    tc = TrainConfig(optimizer=kind)
+    rows_opt = dense_table_optimizer(tc)
+    assert rows_opt.state_width(4) == {"sgd": 0, "adagrad": 4, "adam": 9}[kind]
+    rng = np.random.default_rng(3)
+    weight = rng.normal(size=(6, 4)).astype(np.float32)
+    state = rows_opt.new_state(6, 4)
+    param = torch.nn.Parameter(torch.from_numpy(weight.copy()))
+    ours = DenseOptimizer([param], kind, betas=tc.betas, eps=tc.eps)
+    for _ in range(5):
+        grads = rng.normal(size=(6, 4)).astype(np.float32)
+        rows_opt.apply(weight, state, np.arange(6), grads, 0.1)
+        param.grad = torch.from_numpy(grads)
+        ours.step(0.1)
+    np.testing.assert_allclose(weight, param.detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_the_tables_keep_row_wise_adagrad_beside_a_per_value_dense_table():
+    tc = TrainConfig(optimizer="adagrad")
+    assert sparse_optimizer(tc).state_width(16) == 1
+    assert dense_table_optimizer(tc).kind == "adagrad_values"
+    load_config(None, ["ps.servers=1", "ps.mode='full'", "train.optimizer='adam'",
+                       "train.sparse_optimizer='adagrad'"])  # one optimizer each, no refusal

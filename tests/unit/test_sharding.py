@@ -109,3 +109,29 @@ def test_messages_round_trip(groups, op, step, lr):
     error = encode_error("table 't1': id 9 is outside")
     reply[: error.nbytes] = error
     assert decode_reply(reply, len(ids), 3) == "table 't1': id 9 is outside"
+
+
+def test_a_dense_table_gets_its_own_per_value_optimizer():
+    """Full mode: the last table's slots update per value, the others row-wise; a write of
+    values resets both states."""
+    layout = TableLayout.from_sizes([*SIZES, 5], 4)
+    placement = Placement(plan_sharding(layout.specs, 2, "row_hash"))
+    per_value = SparseOptimizer("adagrad_values", eps=1e-10)
+    store = ShardStore(layout, placement, 1, SparseOptimizer("adagrad"), seed=3,
+                       dense_optimizer=per_value)
+    dense = store.slots(len(SIZES), placement.ids_at(1, len(SIZES)))
+    assert len(dense) and (dense >= store.dense_from).all()
+    assert store.dense_state.shape == (len(dense), 4)
+    embedding = store.slots(0, placement.ids_at(1, 0)[:2])
+    slots = np.concatenate([embedding, dense])
+    grads = np.tile(np.array([[1.0, 2.0, 0.0, 4.0]], np.float32), (len(slots), 1))
+    before = store.tables.weight[slots].copy()
+    store.apply(slots, grads, 0.5)
+    moved = before - store.tables.weight[slots]
+    np.testing.assert_allclose(moved[:2], 0.5 * grads[:2] / np.sqrt(21 / 4), rtol=1e-5)
+    np.testing.assert_allclose(moved[2:], [[0.5, 0.5, 0.0, 0.5]] * len(dense), rtol=1e-5)
+    np.testing.assert_allclose(store.tables.state[embedding, 0], 21 / 4)
+    np.testing.assert_allclose(store.dense_state[dense - store.dense_from], grads[2:] ** 2)
+    store.write_values(slots, np.zeros((len(slots), 4), np.float32))
+    assert not store.tables.state[slots].any() and not store.dense_state.any()
+    assert store.resident_bytes() == placement.server_rows(1) * 5 * 4 + len(dense) * 4 * 4
