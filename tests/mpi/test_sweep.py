@@ -1,5 +1,6 @@
 """``hpctrain sweep``: bad sweep files, the Slurm array script under a stand-in ``srun``,
-the local runner (skip finished, clear a partial curve) and ``hpctrain report`` over it."""
+the local runner (skip finished, resume interrupted, clear a partial curve) and
+``hpctrain report`` over it."""
 
 import json
 import os
@@ -97,13 +98,22 @@ def test_slurm_array_task_runs_its_point_then_run_and_report_finish_the_sweep(tm
     partial = out / "runs" / tasks[2]["name"]  # an interrupted run without a checkpoint
     partial.mkdir(parents=True)
     (partial / "metrics.jsonl").write_text('{"step": 999, "time_s": 1.0}\n')
+    stopped = out / "runs" / tasks[3]["name"]  # interrupted after its checkpoint at step 10
+    first = subprocess.run([sys.executable, "-m", "hpctrain.cli", "train", tasks[3]["job"],
+                            "--set", "train.steps=10"], env=child_env(), cwd=ROOT,
+                           capture_output=True, text=True, timeout=240)
+    assert first.returncode == 0, first.stdout + first.stderr
+    (stopped / "summary.json").unlink()
     local = subprocess.run([sys.executable, "-m", "hpctrain.cli", "sweep", "--run", str(out)],
                            env=child_env(), cwd=ROOT, capture_output=True, text=True,
                            timeout=400)
     assert local.returncode == 0, local.stdout + local.stderr
     assert f"{tasks[1]['name']} (train.lr=0.1, world.ranks=1): finished already" in \
         local.stdout
-    assert local.stdout.count(": trained") == 3
+    assert local.stdout.count(": trained") == 2
+    assert f"{tasks[3]['name']} (train.lr=0.1, world.ranks=1): resumed from step 10" in \
+        local.stdout
+    assert json.loads((stopped / "summary.json").read_text())["steps"] == 30
     assert '"step": 999' not in (partial / "metrics.jsonl").read_text()
 
     report = subprocess.run([sys.executable, "-m", "hpctrain.cli", "report", str(out / "runs"),
