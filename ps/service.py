@@ -25,6 +25,7 @@ from hpctrain.comm.emulate import Channel
 from hpctrain.config import CommConfig, PSConfig
 from hpctrain.runtime.env import current_rss_bytes
 from hpctrain.runtime.topology import Roles
+from hpctrain.runtime.waiting import watching
 from hpctrain.sync.types import SyncModel
 from ps.client import PSClient
 from ps.server import Server, ServerStats
@@ -55,8 +56,10 @@ class PSJob:
                                  config.table_wise_below, seed)
             text = plan.to_json()
             log.info("sharding plan: %s", plan.describe())
-        plan = ShardingPlan.from_json(world.bcast(text, root=0))
-        dup = world.Dup()
+        with watching("bcast", world):
+            plan = ShardingPlan.from_json(world.bcast(text, root=0))
+        with watching("create", world):
+            dup = world.Dup()
         dup.Set_name("hpctrain.ps")
         comm = comm or CommConfig()
         nodes = emulate.ps_nodes(roles.workers, roles.servers, comm.node_size)

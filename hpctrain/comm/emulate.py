@@ -56,6 +56,7 @@ from mpi4py import MPI
 
 from hpctrain.config import CommConfig, emulated_network
 from hpctrain.runtime import trace
+from hpctrain.runtime.waiting import watching
 from hpctrain.runtime.waits import Backoff, Wait
 
 __all__ = ["Network", "NetStats", "Channel", "network", "totals", "ps_nodes"]
@@ -169,7 +170,8 @@ class Channel:
         self.nodes = list(nodes)
         self.node = self.nodes[comm.Get_rank()]
         self.net = net if net is not None and len(set(self.nodes)) > 1 else None
-        self._stamps = comm.Dup() if self.net is not None else None
+        with watching("create", comm):
+            self._stamps = comm.Dup() if self.net is not None else None
         self._sent: list[tuple[MPI.Request, np.ndarray]] = []
         self._expected: dict[int, tuple[MPI.Request, MPI.Request, np.ndarray]] = {}
         self._held: list[tuple[float, int, int, np.ndarray]] = []

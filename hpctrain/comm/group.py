@@ -60,18 +60,20 @@ class Group:
     def __init__(self, comm: MPI.Intracomm, config: CommConfig | None = None,
                  params: CostParams | None = None) -> None:
         self.config = config or CommConfig()
-        self.comm = comm.Dup()
+        with watching("create", comm):
+            self.comm = comm.Dup()
         name = f"{comm.Get_name() or 'hpctrain'}.coll"
         self.comm.Set_name(name)  # the watchdog names and numbers its waits by it
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
-        self._physical = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
-        node_size = self.config.node_size
-        if node_size:
-            self._check_emulated_nodes(node_size)
-        self.node = self.comm.Split(self.rank // node_size, key=self.rank) if node_size \
-            else self._physical
-        local_rank, local_size = self.node.Get_rank(), self.node.Get_size()
-        self.cross = self.comm.Split(local_rank, key=self.rank)
+        with watching("create", self.comm):
+            self._physical = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+            node_size = self.config.node_size
+            if node_size:
+                self._check_emulated_nodes(node_size)
+            self.node = self.comm.Split(self.rank // node_size, key=self.rank) if node_size \
+                else self._physical
+            local_rank, local_size = self.node.Get_rank(), self.node.Get_size()
+            self.cross = self.comm.Split(local_rank, key=self.rank)
         self.node.Set_name(f"{name}.node")
         self.cross.Set_name(f"{name}.cross")
         with watching("allgather", self.comm):

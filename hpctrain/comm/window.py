@@ -42,6 +42,7 @@ from mpi4py import MPI
 
 from hpctrain.comm import kernels
 from hpctrain.comm.types import chunk_bounds
+from hpctrain.runtime.waiting import watching
 
 __all__ = ["Window", "Resident", "ResidentAllreduce", "allreduce_small", "allreduce_slices",
            "allreduce_resident", "complete", "open_windows"]
@@ -78,7 +79,8 @@ class Window:
         # One allocation on local rank 0 keeps the rows contiguous with a fixed stride;
         # pages land on the NUMA node of the rank that first touches them (its own row).
         global _open
-        self.win = MPI.Win.Allocate_shared(total if self.rank == 0 else 0, 1, comm=comm)
+        with watching("create", comm):
+            self.win = MPI.Win.Allocate_shared(total if self.rank == 0 else 0, 1, comm=comm)
         _open += 1
         buf, _ = self.win.Shared_query(0)
         self.mem = np.frombuffer(buf, dtype=np.uint8, count=total)

@@ -29,7 +29,7 @@ __all__ = ["watching", "OPS", "HEAD", "SLOT_FIELDS", "SLOTS", "FIELDS", "attach"
 
 OPS = ("allreduce", "reduce_scatter", "allgather", "alltoallv", "bcast", "gather", "barrier",
        "pull", "push", "write", "save", "send", "recv", "agree", "serve", "scatter", "reduce",
-       "other")
+       "create", "other")  # create: a communicator or window made (Dup, Split, Allocate)
 _OP_INDEX = {op: i for i, op in enumerate(OPS)}
 HEAD = 3  # heartbeat (ms), pid, host id
 SLOT_FIELDS = 5  # waiting, op, communicator id, call number, since (ms)

@@ -229,7 +229,8 @@ def build_grid(comm: MPI.Intracomm, grid: Grid, rendezvous: Rendezvous | None = 
         raise ConfigError(f"parallel grid: dp = {grid.dp} x tp = {grid.tp} x pp = {grid.pp} "
                           f"needs {grid.size} ranks, the communicator has {comm.Get_size()}")
     rank = comm.Get_rank()
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+    with watching("create", comm):
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
     with watching("allreduce", node):
         label = node.allreduce(rank, op=MPI.MIN)
     node.Free()
@@ -253,7 +254,8 @@ def build_grid(comm: MPI.Intracomm, grid: Grid, rendezvous: Rendezvous | None = 
                 if rendezvous is not None:
                     torch_groups[axis] = rendezvous.process_group(
                         f"{scope}/{axis}/{index}", key, len(group), backend)
-        comms[axis] = comm.Split(color, key)
+        with watching("create", comm):
+            comms[axis] = comm.Split(color, key)
         if comms[axis] != MPI.COMM_NULL:
             comms[axis].Set_name(f"hpctrain.{axis}")  # the watchdog names waits by it
     if position is None:

@@ -1,5 +1,6 @@
 """Kill-and-resume and N->M resharding through real launches of the command line."""
 
+import json
 import os
 import shutil
 import signal
@@ -312,3 +313,32 @@ def test_zero_checkpoints_hold_the_unsharded_state(tmp_path):
         for key in reference:
             np.testing.assert_allclose(got[key], reference[key], rtol=1e-4, atol=1e-6,
                                        err_msg=f"{run_dir.name} {key}")
+
+
+SLOW_SAVES = """
+import sys, time
+from hpctrain.cli import main
+from hpctrain.train import checkpointing
+commit = checkpointing.commit
+def slow(*args):
+    time.sleep(4.0)
+    commit(*args)
+checkpointing.commit = slow
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_checkpoint_writes_stay_out_of_the_run_clock(tmp_path):
+    """Two saves slowed by 4 s each: the clock (time_s, wall_s) leaves them out; the phase
+    table has them."""
+    run = tmp_path / "run"
+    result = run_mpi([sys.executable, "-c", SLOW_SAVES, "train", *JOB, "--set",
+                      "train.steps=4", "--set", "checkpoint.every_steps=2", "--set",
+                      "train.log_every=4", "--set", f"train.run_dir={str(run)!r}"], ranks=1,
+                     timeout=180)
+    assert result.returncode == 0, result.stdout
+    summary = json.loads((run / "summary.json").read_text())
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    last = [r for r in records if "train_loss" in r][-1]
+    assert summary["phase_s"]["checkpoint"] >= 8.0
+    assert summary["wall_s"] < 8.0 and last["time_s"] < 8.0, (summary, last)

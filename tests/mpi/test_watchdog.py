@@ -144,3 +144,42 @@ def test_a_stopped_rank_of_a_training_run_ends_the_job(tmp_path):
         # stopped one: some line of the job names it
         assert any(f"rank {stop} (stopped by a signal)" in line for line in lines), lines
         print(case, f"{took:.1f} s:", lines[0])
+
+
+STOP_AT = textwrap.dedent("""
+    import os, signal, sys
+    from mpi4py import MPI
+    from hpctrain.cli import main
+    from hpctrain.train.job import TrainingJob
+    from ps.service import PSJob
+
+    where, rank = sys.argv.pop(1), int(sys.argv.pop(1))
+    owner, name = {"worker": (TrainingJob, "worker"), "ps": (PSJob, "create")}[where]
+    before = getattr(owner, name)
+
+    def stopped(*args, **kwargs):
+        if MPI.COMM_WORLD.Get_rank() == rank:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return before(*args, **kwargs)
+
+    setattr(owner, name, stopped)
+    sys.exit(main(sys.argv[1:]))
+""")
+
+
+def test_a_rank_stopped_during_start_up_is_named(tmp_path):
+    """A rank stopped before its worker makes the workers' communicators (Dup/Split), or
+    before the parameter servers' plan is broadcast (the root sends eagerly and waits in
+    the ``Dup`` after it): the waiting ranks name it."""
+    for where, ranks, stop, op, comm in (("worker", 2, 1, "create", "hpctrain.workers"),
+                                         ("ps", 3, 2, "(?:bcast|create)", "hpctrain.world")):
+        result = run_mpi([sys.executable, "-c", STOP_AT, where, str(stop), "train",
+                          "--set", "runtime.watchdog_warn_s=1",
+                          "--set", "runtime.watchdog_abort_s=4", "--set", "train.steps=5",
+                          "--set", f"ps.servers={ranks - 2}",
+                          "--set", f"train.run_dir={str(tmp_path / where)!r}"],
+                         ranks=ranks, timeout=120)
+        assert result.returncode != 0, result.stdout
+        assert re.search(rf"hpctrain: watchdog: rank \d has waited \d+ s in {op} #\d+ on "
+                         rf"{comm}; not arrived: rank {stop} \(stopped by a signal\); aborting "
+                         rf"the job", result.stdout), result.stdout[-3000:]
