@@ -28,19 +28,29 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from hpctrain.config import JobConfig, doc_table, dump_toml, load_config
 from hpctrain.errors import ConfigError, HpctrainError
 from hpctrain.runtime.abort import USER_ERROR, run_guarded, world_rank
 from hpctrain.runtime.log import setup_logging
 from hpctrain.runtime.preempt import EXIT_STOPPED, exit_code
-from hpctrain.runtime.world import Topology, build_topology
+
+if TYPE_CHECKING:
+    from hpctrain.runtime.world import Topology
 
 __all__ = ["main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command line; a rank that fails outside a command's own guard, importing torch
+    or numba on a node with a broken install say, still ends the job (``run_guarded``),
+    not leaves the others waiting for it."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    return run_guarded(lambda: _main(argv))
+
+
+def _main(argv: list[str]) -> int:
     if argv[:1] == ["plan"]:  # its own parser: `plan calc ...` beside `plan [JOB.toml]`
         from hpctrain.plan.cli import main as plan_main
 
@@ -78,6 +88,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError("bench emulate: set comm.emulate (e.g. '20000,0.4') and "
                               "comm.node_size (ranks per emulated node)")
         setup_logging(world_rank(), config.runtime.log_level)
+        from hpctrain.runtime.world import build_topology  # torch: inside the guard
+
         topo = build_topology(config) if args.command in _NEEDS_WORLD else None
     except HpctrainError as exc:
         if world_rank() == 0:

@@ -55,3 +55,25 @@ def test_a_failing_server_or_worker_ends_the_job(tmp_path):
         assert result.returncode == code, result.stdout
         for word in words:
             assert word in result.stdout, (word, result.stdout)
+
+
+NO_TORCH_ON_RANK_1 = textwrap.dedent("""
+    import sys
+    from mpi4py import MPI
+    if MPI.COMM_WORLD.Get_rank() == 1:
+        sys.modules["torch"] = None  # this rank's node has a broken install
+    from hpctrain.cli import main
+    sys.exit(main(sys.argv[1:]))
+""")
+
+
+def test_a_rank_that_cannot_import_ends_the_job(tmp_path):
+    """One rank fails to import torch while the other waits for it in the world's set-up:
+    the job ends with that rank's traceback, it does not hang (it did: the failing rank sat
+    in MPI_Finalize, the others in the world's Dup)."""
+    result = run_mpi([sys.executable, "-c", NO_TORCH_ON_RANK_1, "train", "--set",
+                      "train.steps=2", "--set", f"train.run_dir={str(tmp_path / 'run')!r}"],
+                     ranks=2, timeout=60)
+    assert result.returncode == 1, result.stdout
+    assert "hpctrain: rank 1 failed, aborting the job" in result.stdout
+    assert "import of torch halted" in result.stdout

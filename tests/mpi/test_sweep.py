@@ -70,6 +70,17 @@ def test_dense_sync_sweep_puts_bf16_and_local_sgd_beside_the_float32_baseline(tm
     assert len(jobs) == 9 and "#SBATCH --array=0-8" in (tmp_path / "slurm-2.sbatch").read_text()
 
 
+def test_full_mode_plateau_sweep_is_ten_seeds_of_bsp_and_ssp(tmp_path):
+    main(["sweep", str(ROOT / "jobs" / "sweeps" / "full_mode_plateau.toml"), "--out",
+          str(tmp_path)])
+    jobs = [load_config(t["job"]) for t in json.loads((tmp_path / "sweep.json").read_text())[
+        "tasks"]]
+    assert {(j.ps.mode, j.ps.servers) for j in jobs} == {("full", 1)}
+    assert sorted((j.sync.model, j.train.seed) for j in jobs) == sorted(
+        (m, s) for m in ("bsp", "ssp:4") for s in range(10))
+    assert "#SBATCH --array=0-19" in (tmp_path / "slurm-4.sbatch").read_text()
+
+
 def test_slurm_array_task_runs_its_point_then_run_and_report_finish_the_sweep(tmp_path):
     sweep_file = tmp_path / "tiny.toml"
     sweep_file.write_text(TINY)
