@@ -170,8 +170,10 @@ class Channel:
         self.nodes = list(nodes)
         self.node = self.nodes[comm.Get_rank()]
         self.net = net if net is not None and len(set(self.nodes)) > 1 else None
-        with watching("create", comm):
-            self._stamps = comm.Dup() if self.net is not None else None
+        self._stamps = None
+        if self.net is not None:
+            with watching("create", comm):
+                self._stamps = comm.Dup()
         self._sent: list[tuple[MPI.Request, np.ndarray]] = []
         self._expected: dict[int, tuple[MPI.Request, MPI.Request, np.ndarray]] = {}
         self._held: list[tuple[float, int, int, np.ndarray]] = []
