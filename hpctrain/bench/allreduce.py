@@ -7,12 +7,12 @@ size and case: the median time, algorithm bandwidth (bytes / time), bus bandwidt
 (algbw * 2 (p-1)/p, the per-rank traffic of an optimal allreduce, as NCCL reports it), bus
 bandwidth as a fraction of one core's memory-copy bandwidth, the time ratio to native
 measured in the same run, and (one node) the time over the memory bound: the least
-memory traffic of any allreduce of that size at the copy rate the ranks get when all copy
-at once (:func:`memory_bound_s`). Cases: each enabled algorithm, ``auto``, ``resident``
-(auto on a buffer in the node's shared window) and ``fusion`` (50 gradients of 64 KiB through
-:class:`~hpctrain.comm.fusion.FusedGradients`, as a ratio to one allreduce of the same
-bytes pre-joined). The ``native`` baseline is ``MPI_Allreduce`` called directly, with
-none of this package's dispatch.
+memory traffic of any allreduce of that size, timed as one copy of a buffer of that size
+on every rank at once (:func:`memory_bound_s`). Cases: each enabled algorithm, ``auto``,
+``resident`` (auto on a buffer in the node's shared window) and ``fusion`` (50 gradients
+of 64 KiB through :class:`~hpctrain.comm.fusion.FusedGradients`, as a ratio to one
+allreduce of the same bytes pre-joined). The ``native`` baseline is ``MPI_Allreduce``
+called directly, with none of this package's dispatch.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from hpctrain.comm.group import Group
 from hpctrain.comm.types import DTYPES, Request
 from hpctrain.errors import CommError
 
-__all__ = ["Row", "parse_sizes", "memcpy_bandwidth", "all_ranks_copy_bandwidth", "memory_bound_s",
-           "sweep", "fusion_ratio", "format_table", "plot", "time_collective", "run_allreduce"]
+__all__ = ["Row", "parse_sizes", "memcpy_bandwidth", "memory_bound_s", "sweep", "fusion_ratio",
+           "format_table", "plot", "time_collective", "run_allreduce"]
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20,
           "mb": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
@@ -58,7 +58,8 @@ class Row:
     best_s: float  # the fastest sample: what the case costs when the machine is quiet
     best_ratio_to_native: float
     selected: str = ""  # what auto (or resident) ran
-    ratio_to_bound: float = 0.0  # median time / memory_bound_s (0: several nodes)
+    bound_s: float = 0.0  # memory_bound_s (0: several nodes)
+    ratio_to_bound: float = 0.0  # median time / bound_s
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -106,30 +107,27 @@ def memcpy_bandwidth(comm: MPI.Intracomm, nbytes: int = 64 << 20) -> float:
     return comm.bcast(gbs, root=0)
 
 
-def all_ranks_copy_bandwidth(comm: MPI.Intracomm, nbytes: int = 64 << 20) -> float:
-    """Bytes per second each rank copies (``np.copyto`` of ``nbytes``) while every rank of
-    ``comm`` copies at once: the slowest rank's time, median of 5 rounds. Ranks on one node
-    share its memory bandwidth (and, oversubscribed, its cores), as a collective's do."""
-    src = np.ones(nbytes, np.uint8)
-    dst = np.zeros(nbytes, np.uint8)
+def memory_bound_s(comm: MPI.Intracomm, size: int) -> float:
+    """Least time of a one-node allreduce of ``size`` bytes, bound by memory traffic.
+
+    However it is done, the ``p`` inputs are read and the ``p`` outputs written at least
+    once: ``2 p size`` bytes over ``p`` ranks, as much as each rank copying ``size`` bytes
+    (a copy reads and writes them). So it is timed as that: ``np.copyto`` of ``size`` bytes
+    on every rank of ``comm`` at once, the slowest rank, the fastest of 5 rounds (ranks on
+    one node share its memory bandwidth, its caches and, oversubscribed, its cores, as a
+    collective's do). A buffer that fits the caches is bound by them, not by memory."""
+    src = np.ones(size, np.uint8)
+    dst = np.zeros(size, np.uint8)
     np.copyto(dst, src)  # touch the pages first
+    calls = max(1, (1 << 22) // size)  # a few MiB per sample, as the collectives' samples
     times = []
     for _ in range(5):
         comm.Barrier()
         t0 = time.perf_counter()
-        np.copyto(dst, src)
-        times.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
-    return nbytes / float(np.median(times))
-
-
-def memory_bound_s(size: int, copy_bps: float) -> float:
-    """Least time of a one-node allreduce of ``size`` bytes, bound by memory traffic:
-    however it is done, the ``p`` inputs (``p size`` bytes) are read and the ``p`` outputs
-    written at least once, ``2 p size`` bytes over ``p`` ranks, each of which touches
-    ``2 copy_bps`` bytes per second when all copy at once (a copy of ``m`` bytes reads and
-    writes ``m``; :func:`all_ranks_copy_bandwidth`). So ``size / copy_bps``, whatever
-    ``p``: the time of one copy of the buffer while every rank copies."""
-    return size / copy_bps
+        for _ in range(calls):
+            np.copyto(dst, src)
+        times.append(comm.allreduce((time.perf_counter() - t0) / calls, op=MPI.MAX))
+    return min(times)
 
 
 def time_collective(comm: MPI.Intracomm, fn: Callable[[], object], calls: int) -> float:
@@ -160,11 +158,11 @@ def _calls_for(comm: MPI.Intracomm, fn: Callable[[], object]) -> int:
 
 
 def sweep(group: Group, sizes: Sequence[int], algorithms: Sequence[str], reps: int,
-          dtype: str = "float32", memcpy_bps: float = 0.0, copy_bps: float = 0.0) -> list[Row]:
+          dtype: str = "float32", memcpy_bps: float = 0.0, bound: bool = False) -> list[Row]:
     """Time allreduce (sum) of each size with each of ``algorithms`` (names of
     :data:`~hpctrain.comm.select.ALGORITHMS`, plus ``resident``), interleaved. Collective
-    over ``group.comm``; every rank returns the same rows. ``copy_bps``: every rank's copy
-    rate when all copy at once, for the memory bound (0: none)."""
+    over ``group.comm``; every rank returns the same rows; with ``bound``, each size's
+    :func:`memory_bound_s` too."""
     dt = DTYPES[dtype]
     storage = np.float32 if dtype == "bfloat16" else (
         np.float16 if dtype == "float16" else np.dtype(dtype))
@@ -200,14 +198,14 @@ def sweep(group: Group, sizes: Sequence[int], algorithms: Sequence[str], reps: i
         calls = _calls_for(group.comm, cases["native"])
         times = _interleaved(group.comm, cases, reps, calls)
         native, native_best = times["native"]
-        bound = memory_bound_s(size, copy_bps) if copy_bps else 0.0
+        least = memory_bound_s(group.comm, size) if bound else 0.0
         for name, (t, best) in times.items():
             algbw = size / t
             busbw = algbw * 2 * (p - 1) / p
             rows.append(Row(size, name, p, t, algbw / 1e9, busbw / 1e9,
                             busbw / memcpy_bps if memcpy_bps else 0.0, t / native, best,
-                            best / native_best, chosen.get(name, ""),
-                            t / bound if bound else 0.0))
+                            best / native_best, chosen.get(name, ""), least,
+                            t / least if least else 0.0))
     return rows
 
 
@@ -296,22 +294,21 @@ def run_allreduce(group: Group, sizes: Sequence[int], algorithms: Sequence[str],
     lead = group.rank == 0
     layout = group.layout
     memcpy = memcpy_bandwidth(group.comm)
-    copy = all_ranks_copy_bandwidth(group.comm) if layout.nodes == 1 else 0.0
+    bound = layout.nodes == 1
     header = (f"allreduce (sum) of {dtype} over {layout.size} ranks on {layout.nodes} node(s)"
               f"{', oversubscribed' if layout.oversubscribed else ''}; cost model: "
-              f"{group.params.source}; memcpy, 1 core: {memcpy / 1e9:.1f} GB/s"
-              + (f", per rank with all {layout.size} copying: {copy / 1e9:.1f} GB/s" if copy
-                 else "") + f"; {reps} repetitions, cases interleaved; x native = median "
-              f"time / MPI_Allreduce's, best = the same for the fastest samples"
-              + ("; x bound = median time / the memory bound (each input read and each "
-                 "output written once, at the all-ranks copy rate)" if copy else ""))
-    rows = sweep(group, sizes, algorithms, reps, dtype, memcpy, copy)
+              f"{group.params.source}; memcpy, 1 core: {memcpy / 1e9:.1f} GB/s; {reps} "
+              f"repetitions, cases interleaved; x native = median time / MPI_Allreduce's, "
+              f"best = the same for the fastest samples"
+              + ("; x bound = median time / the memory bound (every rank copying a buffer of "
+                 "the size at once: each input read and each output written once)"
+                 if bound else ""))
+    rows = sweep(group, sizes, algorithms, reps, dtype, memcpy, bound)
     if lead:
         echo(format_table(rows, header))
     meta: dict[str, object] = {"ranks": layout.size, "nodes": layout.nodes,
                                "oversubscribed": layout.oversubscribed, "dtype": dtype,
-                               "memcpy_gbs": memcpy / 1e9, "all_ranks_copy_gbs": copy / 1e9,
-                               "reps": reps,
+                               "memcpy_gbs": memcpy / 1e9, "reps": reps,
                                "cost_model": group.params.source}
     if fusion:
         bucket = group.config.bucket_kib * 1024
