@@ -31,16 +31,18 @@ class RowFiles:
 
 
 class SavedRows:
-    """A :class:`~embeddings.types.RowSource` reading the rows of ``manifest``."""
+    """A :class:`~embeddings.types.RowSource` reading the rows of ``manifest`` (its row
+    files, or the files ``names``)."""
 
-    def __init__(self, manifest: ckpt.Manifest) -> None:
+    def __init__(self, manifest: ckpt.Manifest, names: list[str] | None = None) -> None:
         self.manifest = manifest
         self.step = manifest.step
+        self.names = manifest.row_files() if names is None else names
 
     def rows(self, dim: int, state_width: int) -> Iterator[tuple[np.ndarray, np.ndarray,
                                                                  np.ndarray]]:
         folder = Path(self.manifest.path)
-        for rows, weight, state in ckpt.read_rows(folder, self.manifest.row_files()):
+        for rows, weight, state in ckpt.read_rows(folder, self.names):
             if state.shape[1] != state_width or weight.shape[1] != dim:
                 raise CheckpointError(f"checkpoint {folder}: rows of width {weight.shape[1]} "
                                       f"with {state.shape[1]} optimizer values do not fit "

@@ -27,7 +27,7 @@ import torch
 from mpi4py import MPI
 
 from embeddings.sharding import Placement
-from embeddings.tables import LocalTables, TableLayout
+from embeddings.tables import TableLayout
 from hpctrain.config import CheckpointConfig, JobConfig, dump_toml
 from hpctrain.errors import CheckpointError
 from hpctrain.runtime.waits import Wait, wait_all
@@ -193,15 +193,17 @@ def read_dense(path: Path, params: list[torch.Tensor],
         raise CheckpointError(f"checkpoint file {path} does not fit this model: {exc}") from None
 
 
-def restore_rows(manifest: ckpt.Manifest, tables: LocalTables,
-                 select: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]) -> int:
-    """Copy the checkpoint's rows that ``select`` keeps into ``tables``; ``select(rows)``
-    gives (mask of rows held here, their slots). Returns the rows restored."""
+def restore_rows(source: SavedRows, weight: np.ndarray, state: np.ndarray,
+                 select: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]],
+                 first: int = 0) -> int:
+    """Copy the rows of ``source`` that ``select`` keeps into ``weight`` and ``state``;
+    ``select(rows)`` gives (mask of rows held here, their slots), ``first`` the slot of
+    ``weight[0]``. Returns the rows restored."""
     restored = 0
-    for rows, weight, state in SavedRows(manifest).rows(tables.dim, tables.state.shape[1]):
+    for rows, saved_weight, saved_state in source.rows(weight.shape[1], state.shape[1]):
         mask, slots = select(rows)
-        tables.weight[slots] = weight[mask]
-        tables.state[slots] = state[mask]
+        weight[slots - first] = saved_weight[mask]
+        state[slots - first] = saved_state[mask]
         restored += len(slots)
     return restored
 
@@ -231,14 +233,11 @@ def server_hooks(world: MPI.Intracomm, run_dir: str, keep: int, layout: TableLay
     def restore(store) -> int:
         if manifest is None:
             return 0
-        select = shard_select(layout, placement, server)
-        restore_rows(manifest, store.tables, select)
+        select, t, lo = shard_select(layout, placement, server), store.tables, store.dense_from
+        restore_rows(SavedRows(manifest), t.weight[:lo], t.state[:lo], select)
         if store.dense_state is not None:
-            folder, names = Path(manifest.path), manifest.dense_table_files()
-            for rows, weight, state in ckpt.read_rows(folder, names):
-                mask, slots = select(rows)
-                store.tables.weight[slots] = weight[mask]
-                store.dense_state[slots - store.dense_from] = state[mask]
+            restore_rows(SavedRows(manifest, manifest.dense_table_files()), t.weight[lo:],
+                         store.dense_state, select, first=lo)
         return manifest.step
 
     def on_save(store, step: int) -> None:
