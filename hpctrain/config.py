@@ -242,7 +242,8 @@ class SyncConfig:
                                                "t0, t1, ... or dense (full mode)")
     deterministic: bool = option(False, "servers apply each step's pushes together, in worker "
                                         "order, once all have arrived: bitwise reproducible; "
-                                        "needs staleness 0 and ps.prefetch off")
+                                        "needs staleness 0 and ps.prefetch off (full mode does "
+                                        "so whenever these hold)")
     slow_workers: tuple[int, ...] = option((), "straggler injection: workers that are always "
                                                "slow_factor times slower", min=0)
     slow_factor: float = option(1.0, "persistent straggler slowdown", min=1.0)
@@ -381,6 +382,27 @@ class JobConfig:
     source: str = field(default="", compare=False, metadata={"internal": True})
     """Where the job came from (file path or ``embedded default``), for messages."""
 
+    def staleness_bounds(self) -> list[int | None]:
+        """Staleness bounds of ``sync.model`` and of every ``sync.table_models`` override."""
+        bounds = [staleness_bound(self.sync.model)]
+        for i, item in enumerate(self.sync.table_models):
+            table, sep, name = item.partition("=")
+            if not sep or not table.strip():
+                raise ConfigError(f"sync.table_models[{i}]: expected 'TABLE=MODEL', got {item!r}")
+            bounds.append(staleness_bound(name, f"sync.table_models[{i}]"))
+        return bounds
+
+    @property
+    def sums_pushes(self) -> bool:
+        """Whether the servers sum each step's pushes before applying them: asked for
+        (``sync.deterministic``), or full mode under staleness 0 everywhere without
+        prefetch. There, a push applied on arrival would move the dense values about
+        ``sqrt(workers)`` times as far as one summed Adagrad update (each of Adagrad's
+        early steps is about ``lr``), which left some runs on a plateau."""
+        return self.sync.deterministic or (
+            self.ps.mode == "full" and bool(self.ps.servers) and not self.ps.prefetch
+            and all(b == 0 for b in self.staleness_bounds()))
+
     def __post_init__(self) -> None:
         _check_inputs(self)
         m = self.model
@@ -390,12 +412,7 @@ class JobConfig:
         if m.top_mlp[-1] != 1:
             raise ConfigError(f"model.top_mlp: the last width must be 1 (the logit), "
                               f"got {m.top_mlp[-1]}")
-        bounds = [staleness_bound(self.sync.model)]
-        for i, item in enumerate(self.sync.table_models):
-            table, sep, name = item.partition("=")
-            if not sep or not table.strip():
-                raise ConfigError(f"sync.table_models[{i}]: expected 'TABLE=MODEL', got {item!r}")
-            bounds.append(staleness_bound(name, f"sync.table_models[{i}]"))
+        bounds = self.staleness_bounds()
         if self.sync.ssp_lr == "sqrt" and (bounds[0] is None or not self.ps.servers):
             raise ConfigError(f"sync.ssp_lr = 'sqrt' scales by the staleness bound of "
                               f"sync.model on parameter servers; sync.model = "

@@ -57,7 +57,7 @@ from mpi4py import MPI
 from hpctrain.config import CommConfig, emulated_network
 from hpctrain.runtime import trace
 from hpctrain.runtime.waiting import watching
-from hpctrain.runtime.waits import Backoff, Wait
+from hpctrain.runtime.waits import Backoff, Wait, waiting
 
 __all__ = ["Network", "NetStats", "Channel", "network", "totals", "ps_nodes"]
 
@@ -268,7 +268,7 @@ class Channel:
             mine = [self._expected.pop(id(r)) for r in requests if id(r) in self._expected]
         everything = requests + [c for _, c, _ in mine]
         backoff = Backoff()
-        with trace.span(f"wait {wait.op}"), wait:
+        with waiting(wait):
             while not MPI.Request.Testall(everything):
                 backoff.idle()
             if not mine:

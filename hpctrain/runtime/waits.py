@@ -5,18 +5,26 @@ or a laptop), a spinning rank steals the core the rank it waits for needs. :func
 spins briefly (low latency when the answer is near), then polls with a growing sleep, inside
 the :class:`~hpctrain.runtime.waiting.watching` record it is given (``Wait``), which the
 watchdog's timer watches (warn, then abort), and which the timeline records as a span.
+:func:`waiting` is that frame (also the emulated network's), and it adds the main thread's
+blocked seconds to :func:`waited_s`, so a step can tell its own work from its waits on others
+(the straggler injection delays only the former).
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from mpi4py import MPI
 
 from hpctrain.runtime import trace
 from hpctrain.runtime.waiting import watching as Wait
 
-__all__ = ["wait_all", "Backoff", "Wait"]
+__all__ = ["wait_all", "waiting", "waited_s", "Backoff", "Wait"]
+
+_waited = [0.0]  # the main thread's seconds inside waiting()
 
 _SPINS = 200
 _FIRST_PAUSE_S = 20e-6
@@ -46,6 +54,24 @@ def wait_all(requests: list[MPI.Request], wait: Wait) -> None:
     communicator, the ranks of it waited for), so that the watchdog can name the ranks a
     stalled wait is missing (the timeline shows it as ``wait OP``)."""
     backoff = Backoff()
-    with trace.span(f"wait {wait.op}"), wait:
+    with waiting(wait):
         while not MPI.Request.Testall(requests):
             backoff.idle()
+
+
+@contextmanager
+def waiting(wait: Wait) -> Iterator[None]:
+    """A blocking wait described by ``wait``: watched, a timeline span, and counted in
+    :func:`waited_s` when on the main thread."""
+    start = time.perf_counter()
+    try:
+        with trace.span(f"wait {wait.op}"), wait:
+            yield
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            _waited[0] += time.perf_counter() - start
+
+
+def waited_s() -> float:
+    """Seconds the main thread has spent blocked in :func:`waiting` so far."""
+    return _waited[0]

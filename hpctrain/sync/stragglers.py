@@ -3,9 +3,10 @@
 - persistent: the listed workers always take ``factor`` times as long per step;
 - transient: each (worker, step) is delayed by ``factor`` with probability ``probability``.
 
-A delayed step sleeps ``(factor - 1)`` times the forward/backward time it just measured
-(never the time spent waiting for others, which would compound), so the worker looks slower
-without stealing a core from the others (as a slow node would).
+A delayed step sleeps ``(factor - 1)`` times the step's own work so far: its reading,
+lookups and forward/backward, that is its time less the time it spent blocked on others
+(:func:`~hpctrain.runtime.waits.waited_s`; delaying waits would compound), so the worker
+looks slower without stealing a core from the others (as a slow node would).
 """
 
 from __future__ import annotations
@@ -40,9 +41,9 @@ class Stragglers:
         hit = rng.uniform(key, self.seed + 0x57A6)[0] < self.probability
         return self.persistent * (self.delay_factor if hit else 1.0)
 
-    def delay(self, step: int, compute_s: float) -> None:
-        """Sleep so that a step of ``compute_s`` seconds takes ``factor(step)`` times that."""
-        extra = (self.factor(step) - 1.0) * compute_s
+    def delay(self, step: int, own_s: float) -> None:
+        """Sleep so that ``own_s`` seconds of work take ``factor(step)`` times that."""
+        extra = (self.factor(step) - 1.0) * own_s
         if extra > 0:
             time.sleep(extra)
             self.delayed_s += extra

@@ -134,7 +134,7 @@ class TrainingJob:
             topo.world, config.train.run_dir, config.checkpoint.keep, self.ps.layout,
             self.ps.placement, topo.rank - topo.workers, self.manifest)
         return self.ps.serve(sparse_optimizer(config.train), config.train.seed,
-                             self.models, config.sync.deterministic, restore,
+                             self.models, config.sums_pushes, restore,
                              on_save, *self.dense_table_optimizer())
 
     def dense_table_optimizer(self) -> list[SparseOptimizer]:

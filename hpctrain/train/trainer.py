@@ -42,7 +42,7 @@ from hpctrain.runtime import trace
 from hpctrain.runtime.env import peak_rss_bytes
 from hpctrain.runtime.preempt import Preemption
 from hpctrain.runtime.topology import shard_range
-from hpctrain.runtime.waits import Wait, wait_all
+from hpctrain.runtime.waits import Wait, wait_all, waited_s
 from hpctrain.runtime.world import Topology
 from hpctrain.sync.models import lr_factor
 from hpctrain.sync.stragglers import Stragglers
@@ -189,7 +189,7 @@ class Trainer:
 
         ``ahead`` holds the next micro-batch, read one early so its rows can be prefetched.
         """
-        started = time.perf_counter()
+        started, waited = time.perf_counter(), waited_s()
         self.engine.begin()
         self._timed("lookup", started, time.perf_counter(), step)
         work = StepWork(step)
@@ -197,7 +197,8 @@ class Trainer:
                                      self._embedder(work, ahead))
         self.phase_s["lookup"] += work.lookup_s
         self.phase_s["compute"] += work.compute_s
-        self.stragglers.delay(step, work.compute_s)
+        # a slow node is slow at all its own work (reading, lookups, compute), not at waiting
+        self.stragglers.delay(step, time.perf_counter() - started - (waited_s() - waited))
         lr = self.learning_rate(step)
         t0 = time.perf_counter()
         reduced = self.engine.reduce(work)

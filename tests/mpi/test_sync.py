@@ -88,10 +88,14 @@ def test_asp_keeps_going_while_a_worker_stalls():
 
 
 @pytest.mark.mpi(ranks=(3,))
-def test_ssp0_is_bitwise_bsp_in_deterministic_full_mode(tmp_path):
-    def final_rows(model: str, run: int) -> list[np.ndarray]:
+def test_full_mode_sums_each_steps_pushes_under_staleness_0(tmp_path):
+    """Full-mode BSP, without ``sync.deterministic``, is bitwise the deterministic SSP(0)
+    run, and twice the same: its servers sum each step's pushes rather than applying each
+    worker's on arrival (in whatever order the pushes came)."""
+    def final_rows(model: str, run: int, deterministic: bool) -> list[np.ndarray]:
         config = load_config(overrides=[
-            "ps.servers=1", "ps.mode='full'", "sync.deterministic=true", f"sync.model={model!r}",
+            "ps.servers=1", "ps.mode='full'", f"sync.deterministic={str(deterministic).lower()}",
+            f"sync.model={model!r}",
             "data.table_sizes=[30, 200, 7]", "data.train_samples=2000",
             "data.eval_samples=200", "model.embedding_dim=4", "model.bottom_mlp=[8, 4]",
             "model.top_mlp=[8, 1]", "train.steps=8", "train.batch_size=30",
@@ -101,7 +105,8 @@ def test_ssp0_is_bitwise_bsp_in_deterministic_full_mode(tmp_path):
             t.table_rows()))
         return rows
 
-    bsp, ssp0, again = final_rows("bsp", 0), final_rows("ssp:0", 1), final_rows("bsp", 2)
+    bsp, ssp0, again = (final_rows("bsp", 0, False), final_rows("ssp:0", 1, True),
+                        final_rows("bsp", 2, False))
     for a, b, c in zip(bsp, ssp0, again, strict=True):
         np.testing.assert_array_equal(a, b)
         np.testing.assert_array_equal(a, c)

@@ -155,3 +155,16 @@ def test_more_synthetic_tables_than_the_generator_has_fields():
     with pytest.raises(ConfigError, match="data.table_sizes: 40 tables; the synthetic "
                                           "generator supports at most 37"):
         SyntheticClicks([5] * 40, 10, 10, 1.0, 0)
+
+
+@pytest.mark.parametrize("overrides, sums", [
+    (["ps.mode='full'"], True),
+    (["ps.mode='full'", "sync.model='ssp:0'"], True),
+    (["ps.mode='full'", "sync.model='ssp:4'"], False),
+    (["ps.mode='full'", "sync.table_models=['dense=asp']"], False),
+    (["ps.mode='full'", "ps.prefetch=true"], False),
+    ([], False),  # hybrid: each push applied on arrival unless asked
+    (["sync.deterministic=true"], True),
+])
+def test_servers_sum_a_steps_pushes_in_full_mode_under_staleness_0(overrides, sums):
+    assert load_config(overrides=["ps.servers=1", *overrides]).sums_pushes is sums
