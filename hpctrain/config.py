@@ -148,7 +148,8 @@ class TrainConfig:
     lr_base_batch: int = option(512, "global batch at which lr is the given value "
                                      "(lr_scaling linear or sqrt)", min=1)
     zero: int = option(0, "ZeRO stage over the data-parallel workers: 0 off, 1 shards the "
-                          "dense optimizer state (2 and 3 are not built)", min=0, max=3)
+                          "dense optimizer state, 2 also reduce-scatters the gradients and "
+                          "keeps a shard of them (3 is not built)", min=0, max=3)
     warmup_steps: int = option(30, "linear learning-rate warm-up steps", min=0)
     accumulate: int = option(1, "micro-batches accumulated per optimizer step", min=1)
     eval_every: int = option(0, "steps between held-out evaluations; 0 evaluates at the end",
@@ -292,6 +293,10 @@ class ParallelConfig:
     backend: str = option("auto", "tensor/pipeline traffic over MPI or torch.distributed "
                                   "(NCCL on CUDA, gloo on CPU); auto takes torch on CUDA",
                           choices=("auto", "mpi", "torch"))
+    wire_dtype: str = option("float32", "format of the activations and input gradients "
+                                        "between pipeline stages; bf16/fp16 halve them "
+                                        "(fp16 scaled per message)",
+                             choices=("float32", "bf16", "fp16"))
 
 
 @dataclass(frozen=True)
@@ -420,6 +425,9 @@ class JobConfig:
         if self.sync.deterministic and (self.ps.prefetch or any(b != 0 for b in bounds)):
             raise ConfigError("sync.deterministic needs staleness 0 everywhere (bsp or ssp:0) "
                               "and ps.prefetch = false")
+        if self.parallel.wire_dtype != "float32" and self.parallel.pp == 1:
+            raise ConfigError(f"parallel.wire_dtype = {self.parallel.wire_dtype!r} formats "
+                              f"the messages between pipeline stages; parallel.pp = 1 has none")
         if self.parallel.tp * self.parallel.pp > 1 and self.ps.servers:
             raise ConfigError("parallel.tp/pp > 1 keeps the tables on pipeline stage 0; it does "
                               "not combine with ps.servers > 0")
@@ -488,7 +496,11 @@ class JobConfig:
                               "would move (train.sparse_optimizer sgd or adagrad, or stop)")
         grid = self.parallel.tp * self.parallel.pp
         if tc.zero:
-            why = ("is not built (ZeRO-1 only)" if tc.zero > 1 else
+            why = ("is not built (ZeRO-1 and 2 only)" if tc.zero > 2 else
+                   "is built for plain data parallelism (parallel.tp = parallel.pp = 1)"
+                   if tc.zero == 2 and grid > 1 else
+                   "reduce-scatters float32 gradients; comm.wire_dtype must be float32"
+                   if tc.zero == 2 and self.comm.wire_dtype != "float32" else
                    "does not combine with ps.mode = 'full' (the dense state is on the servers)"
                    if self.ps.servers and self.ps.mode == "full" else
                    f"needs whole-layer norms: not built for {tc.optimizer}"

@@ -5,11 +5,15 @@ Each parameter's ``.grad`` is a view into flat buffers owned by
 fit one node), so autograd accumulates in place and the reduction needs no copies. Two
 extra slots (sample count, loss sum) ride in the first bucket, so the trainer divides by
 the global sample count: an exact mean even when workers hold uneven slices.
+
+With ``sharded`` (ZeRO-2) the gradients are reduce-scattered instead
+(:class:`~hpctrain.parallel.sharded.ShardedGradients`): each worker keeps its shard of the sum,
+and the statistics travel in their own small allreduce.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -18,6 +22,7 @@ from torch import nn
 from hpctrain.comm import Group, broadcast
 from hpctrain.comm.fusion import FusedGradients
 from hpctrain.config import CommConfig
+from hpctrain.parallel.sharded import ShardedGradients
 
 __all__ = ["DataParallel"]
 
@@ -26,16 +31,49 @@ class DataParallel:
     """Gradient summation of ``module`` over ``group`` (every rank runs the same module)."""
 
     def __init__(self, module: nn.Module, group: Group, config: CommConfig,
-                 extra: int = 2, tail: int = 0) -> None:
+                 extra: int = 2, tail: int = 0, sharded: bool = False) -> None:
         """``extra`` statistics ride in the first bucket, a ``tail`` of float32 values that
         are not gradients in the last bucket of the first buffer
         (:class:`~hpctrain.comm.fusion.FusedGradients`)."""
         self.group = group
         self.params = [p for p in module.parameters() if p.requires_grad]
         self._broadcast_parameters()
-        self.fused = FusedGradients(self.params, group, config.bucket_kib * 1024, extra,
-                                    resident=config.resident, overlap=config.overlap,
-                                    wire=config.wire_dtype, tail=tail)
+        self.fused: FusedGradients | ShardedGradients
+        if sharded:
+            self.fused = ShardedGradients(self.params, group, config.bucket_kib * 1024, extra,
+                                          overlap=config.overlap)
+        else:
+            self.fused = FusedGradients(self.params, group, config.bucket_kib * 1024, extra,
+                                        resident=config.resident, overlap=config.overlap,
+                                        wire=config.wire_dtype, tail=tail)
+
+    def shards(self) -> tuple[list[nn.Parameter], list[tuple[int, int]],
+                              Callable[[int, int], torch.Tensor] | None]:
+        """How ZeRO cuts the parameters (:class:`~hpctrain.train.zero.ZeroOptimizer`): their
+        flat order, its segments (worker ``r`` owns chunk ``r`` of each), and where the
+        reduced gradient of a flat range of one's own is (``None``: in ``.grad``, whole)."""
+        if isinstance(self.fused, ShardedGradients):
+            return self.fused.order, self.fused.segments, self.fused.shard_view
+        return self.params, [(0, sum(p.numel() for p in self.params))], None
+
+    def named_gradients(self, module: nn.Module) -> list[tuple[str, object]]:
+        """(name, an object whose ``.grad`` is that parameter's reduced gradient, or this
+        worker's pieces of it when sharded), for the non-finite check to name one."""
+        if not isinstance(self.fused, ShardedGradients):
+            return list(module.named_parameters())
+        return self.fused.named_shards({id(p): n for n, p in module.named_parameters()})
+
+    @property
+    def sharded(self) -> bool:
+        """Whether each worker keeps only its shard of the reduced gradient (ZeRO-2)."""
+        return isinstance(self.fused, ShardedGradients)
+
+    @property
+    def gradient_bytes(self) -> int:
+        """Gradient bytes this worker keeps between steps."""
+        if isinstance(self.fused, ShardedGradients):
+            return self.fused.kept_bytes
+        return sum(b.numel() * b.element_size() for b in self.fused.buffers)
 
     def _broadcast_parameters(self) -> None:
         """Broadcast of all parameters from rank 0 over ``group``, so replicas start

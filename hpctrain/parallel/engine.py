@@ -33,9 +33,10 @@ class ParallelEngine:
     (an ``MPI_Bcast`` over the data group)."""
 
     def __init__(self, stage: nn.Module, groups: ParallelGroups, schedule: str,
-                 device: torch.device, comm: CommConfig | None = None) -> None:
+                 device: torch.device, comm: CommConfig | None = None,
+                 wire: str = "float32") -> None:
         self.stage, self.groups = stage, groups
-        self.pipeline = PipelineStage(stage, groups.pipeline, schedule, device)
+        self.pipeline = PipelineStage(stage, groups.pipeline, schedule, device, wire)
         self.dp = DataParallel(stage, groups.data_group, comm or CommConfig(), extra=3)
         self.device = device
 

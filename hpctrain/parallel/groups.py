@@ -106,7 +106,8 @@ class MPIGroup(Group):
                 pending.append(_MPIRequest(self.comm.Irecv(host, source=peer), host, "recv",
                                            self.comm, peer))
             else:
-                host = np.empty(tuple(tensor.shape), dtype=np.float32)
+                host = np.empty(tuple(tensor.shape), dtype=torch.empty(0, dtype=tensor.dtype)
+                                .numpy().dtype)
                 pending.append(_HostRecv(self.comm.Irecv(host, source=peer), host, tensor,
                                          self.comm, peer))
         return pending

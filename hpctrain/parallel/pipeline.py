@@ -51,9 +51,11 @@ class PipelineStage:
     """
 
     def __init__(self, module: nn.Module, group: Group, schedule: str,
-                 device: torch.device) -> None:
+                 device: torch.device, wire: str = "float32") -> None:
+        """``wire``: the format of activations and input gradients between stages
+        (:class:`~hpctrain.parallel.p2p.StageLinks`)."""
         self.module, self.order = module, SCHEDULES[schedule]
-        self.links = StageLinks(group, device)
+        self.links = StageLinks(group, device, wire)
         self.in_features = 0 if self.links.first else next(
             m.in_features for m in module.modules() if hasattr(m, "in_features"))
         self.trace: list[Traced] = []

@@ -123,7 +123,7 @@ def build_worker(config: JobConfig, topo: Topology, dataset: Dataset, layout: Ta
         store = ReplicatedTables(LocalTables(layout, sparse, tc.seed), comm)
     else:
         client = job.client(models, sparse.state_width(layout.dim))
-        carry = not full and not local_period(config.sync.dense) and \
+        carry = not full and not local_period(config.sync.dense) and tc.zero < 2 and \
             config.comm.wire_dtype == "float32" and topo.device.type == "cpu"
         tiered = _tiered(config, topo, layout, client, group, sparse, models, stats,
                          _carried_rows(config, dataset, layout, group) if carry else 0)
@@ -180,10 +180,10 @@ def _replicated(config: JobConfig, model: DLRM, guard: NonFiniteGuard, group: Gr
                 rider: Rider | None) -> ReplicatedDense:
     """The data-parallel engine: gradients reduced every step (``rider`` in their tail), or
     local SGD's averages every H steps; its optimizer is ``train.optimizer``, sharded when
-    ``train.zero = 1``."""
+    ``train.zero`` is 1 or 2 (2 reduce-scatters the gradients too)."""
     tc = config.train
     dp = DataParallel(model, group, config.comm, extra=stats.size,
-                      tail=rider.size if rider else 0)
+                      tail=rider.size if rider else 0, sharded=tc.zero == 2)
     period = local_period(config.sync.dense)
     optimizer = ZeroOptimizer(dp, tc) if tc.zero else DenseOptimizer.from_config(dp.params, tc)
     if period:

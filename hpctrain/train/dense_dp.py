@@ -9,7 +9,8 @@ bucket, then divides by the global sample count (an exact mean, also for uneven 
 tail of the last bucket: filled after the backward, applied with the dense update, discarded
 when the step is skipped.
 The optimizer it steps is the builder's choice: :class:`~hpctrain.train.optim.DenseOptimizer`,
-or ZeRO-1's :class:`~hpctrain.train.zero.ZeroOptimizer` (state sharded over the group).
+or ZeRO's :class:`~hpctrain.train.zero.ZeroOptimizer` (state sharded over the group; with
+ZeRO-2 the gradients are reduce-scattered, :class:`~hpctrain.parallel.sharded.ShardedGradients`).
 With ``runtime.trace`` on, each micro-batch's ``forward`` and ``backward`` are spans.
 """
 
@@ -97,7 +98,9 @@ class ReplicatedDense(LocalDense):
         # no root cause anywhere: the summed gradients (the same everywhere), one sum per
         # buffer, scanned parameter by parameter only to name a non-finite one
         if not flagged and not self.dp.finite():
-            self.guard.gradients(self.module.named_parameters())
+            self.guard.gradients(self.dp.named_gradients(self.module))
+            if self.dp.sharded:  # exact and agreed, but only the shard's holder names it
+                flagged = 1.0
         scale = 1.0 / max(sums["samples"], 1.0)
         self.dp.scale(scale)
         return Reduced(int(sums["samples"]), sums["loss"] * scale, flagged)
@@ -125,6 +128,9 @@ class ReplicatedDense(LocalDense):
     def buckets(self) -> int:
         """Gradient buckets of the allreduce (the fused layout's size)."""
         return len(self.dp.fused.buckets)
+
+    def gradient_bytes(self) -> int:
+        return self.dp.gradient_bytes
 
     def close(self) -> None:
         self.dp.close()

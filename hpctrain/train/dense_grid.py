@@ -94,7 +94,8 @@ class GridDense(DenseEngine):
             mine = FirstStage(tensor_parallel_mlp(full.bottom, groups.tensor), full._pairs, mine)
         self.module = mine.to(topo.device)
         self.groups = groups
-        self.engine = ParallelEngine(self.module, groups, par.schedule, topo.device, config.comm)
+        self.engine = ParallelEngine(self.module, groups, par.schedule, topo.device, config.comm,
+                                     par.wire_dtype)
         self.optimizer = (ZeroOptimizer(self.engine.dp, tc) if tc.zero else
                           DenseOptimizer.from_config(self.module.parameters(), tc))
         self.scores_here = self.engine.last and self.shard == 0
@@ -174,7 +175,8 @@ class GridDense(DenseEngine):
 
     def traffic(self) -> DenseTraffic:
         fused = self.engine.dp.fused
-        return DenseTraffic(fused.reduced_bytes, fused.reductions)
+        return DenseTraffic(fused.reduced_bytes, fused.reductions,
+                            self.engine.pipeline.links.sent_bytes)
 
 
 class NoTables(EmbeddingStore):

@@ -79,6 +79,8 @@ class DenseTraffic:
     """Bytes handed to the dense gradient reductions (``comm.wire_dtype`` halves them)."""
     syncs: int = 0
     """Dense synchronisations: gradient reductions, or local SGD's parameter averages."""
+    pipeline_bytes: int = 0
+    """Bytes sent to neighbouring pipeline stages (``parallel.wire_dtype`` halves them)."""
 
 
 class DenseEngine(ABC):
@@ -139,6 +141,11 @@ class DenseEngine(ABC):
     def buckets(self) -> int:
         """Buckets the gradients are allreduced in (0 where they are not)."""
         return 0
+
+    def gradient_bytes(self) -> int:
+        """Bytes of dense gradient this rank keeps between steps."""
+        return sum(p.grad.numel() * p.grad.element_size() for p in self.state()[0]
+                   if p.grad is not None)
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Stop the engine's comm thread and free the groups it made (collective over

@@ -63,10 +63,14 @@ class Summary:
     """Bytes worker 0 handed to the dense gradient reductions (``comm.wire_dtype``)."""
     dense_syncs: int = 0
     """Dense synchronisations of worker 0: gradient reductions, or local SGD's averages."""
+    pipeline_sent_bytes: int = 0
+    """Bytes worker 0 (pipeline stage 0) sent to the next stage (``parallel.wire_dtype``)."""
     stopped_at: int = 0
     """The step after which SIGTERM/SIGUSR1 stopped the run (0: it ran to the end)."""
     optimizer_state_bytes: list[int] = field(default_factory=list)
     """Per worker: bytes of dense optimizer state it holds (ZeRO: its shard)."""
+    gradient_bytes: list[int] = field(default_factory=list)
+    """Per worker: bytes of dense gradient it keeps between steps (ZeRO-2: its shard)."""
     emulated: list[NetStats] = field(default_factory=list)
     """Per world rank, with ``comm.emulate``: seconds waited for the emulated network beyond
     the real transfer, and the messages and bytes it delayed (received across nodes)."""
@@ -97,7 +101,9 @@ class Summary:
                 "staleness": self.staleness(), "tiering": [t.as_dict() for t in self.tiering],
                 "dense_reduced_bytes": self.dense_reduced_bytes,
                 "dense_syncs": self.dense_syncs,
+                "pipeline_sent_bytes": self.pipeline_sent_bytes,
                 "optimizer_state_bytes": self.optimizer_state_bytes,
+                "gradient_bytes": self.gradient_bytes,
                 "emulated": [asdict(e) for e in self.emulated]}
 
     def staleness(self) -> dict[str, dict[str, float]]:

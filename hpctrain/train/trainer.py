@@ -376,6 +376,7 @@ class Trainer:
         summary.eval = self._log_eval(summary.steps)
         traffic = self.engine.traffic()
         summary.dense_reduced_bytes, summary.dense_syncs = traffic.reduced_bytes, traffic.syncs
+        summary.pipeline_sent_bytes = traffic.pipeline_bytes
         with Wait("gather", self.comm):
             facts = self.comm.gather(self._rank_facts(), root=0)
         if facts:
@@ -386,6 +387,7 @@ class Trainer:
             summary.step_times = [f.step_times for f in facts]
             summary.tiering = [f.counters.tiering for f in facts if f.counters.tiering]
             summary.optimizer_state_bytes = [f.optimizer_state_bytes for f in facts]
+            summary.gradient_bytes = [f.gradient_bytes for f in facts]
         return summary
 
     def close(self) -> None:
@@ -423,7 +425,7 @@ class Trainer:
         state = sum(t.numel() * t.element_size() for t in self.engine.state()[1])
         return _RankFacts(peak_rss_bytes() / 2**20, self.dataset.skipped, self.guard.skipped,
                           StepTimes.of(self.step_s, self.stragglers.delayed_s),
-                          self.counters(), state)
+                          self.counters(), state, self.engine.gradient_bytes())
 
 
 _ASP_LAG = 32  # under ASP, how far a worker may run ahead of the slowest one
@@ -450,3 +452,4 @@ class _RankFacts:
     step_times: StepTimes
     counters: Counters
     optimizer_state_bytes: int
+    gradient_bytes: int

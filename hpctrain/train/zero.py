@@ -1,66 +1,81 @@
-"""ZeRO stage 1 (``train.zero = 1``): the dense optimizer state sharded over the
-data-parallel workers.
+"""ZeRO stages 1 and 2 (``train.zero``): the dense optimizer state sharded over the
+data-parallel workers, and with stage 2 the reduced gradient too.
 
-The dense parameters, laid end to end, are cut into the balanced chunks of
-:func:`~hpctrain.comm.types.chunk_bounds`, one per worker. Each worker keeps optimizer state
-(moments, accumulators) for its chunk only, so that state takes ``1/N`` of the memory. After
-the usual bucketed gradient allreduce (every worker holds the whole reduced gradient, so
-global-norm clipping is applied to it first), a worker updates its chunk and an in-place
-``allgather`` of the flat parameters hands every worker the others' chunks. Traffic is the
-allreduce plus one allgather of the parameters (1.5x plain data parallel: the gradient
-reduction is not yet a reduce-scatter, which ZeRO-2 would make it).
+The dense parameters, laid end to end in a flat order, form segments, and worker ``r`` owns
+the balanced chunk ``r`` of every segment (:func:`~hpctrain.comm.types.chunk_bounds`). It
+keeps optimizer state (moments, accumulators) for its chunks only: ``1/N`` of the memory.
+
+- Stage 1: one segment, the parameters in order. The usual bucketed gradient allreduce
+  gives every worker the whole reduced gradient; a worker updates its chunk.
+- Stage 2: the segments are the buckets of
+  :class:`~hpctrain.parallel.sharded.ShardedGradients`, which reduce-scatters each bucket
+  during backward and keeps only this worker's chunks of the reduced gradient.
+
+Then each worker updates its chunks, global-norm clipping first when asked (the norm summed
+over the shards by one allreduce), and an in-place ``allgather`` per segment hands every
+worker the others' chunks. Traffic is the gradient reduction plus that allgather: 1.5x plain
+data parallelism at stage 1, 1.0x at stage 2 (a reduce-scatter instead of the allreduce).
 
 The updates are element-wise, so the result equals the unsharded optimizer's to float
 tolerance; LARS and LAMB need whole-layer norms and are refused (:mod:`hpctrain.config`).
 
 A checkpoint holds the state unsharded, as the plain optimizer's (:meth:`gathered_state`,
-one ``allgather`` per state tensor group while it is written; :meth:`keep_shard` on
-resume), so a ZeRO run resumes onto any number of workers, with or without ZeRO.
+one ``allgather`` per segment and state tensor group while it is written; :meth:`keep_shard`
+on resume), so a ZeRO run resumes onto any number of workers, at any stage or without ZeRO.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from hpctrain.comm import allgather
+from hpctrain.comm import allgather, allreduce
 from hpctrain.comm.types import chunk_bounds
 from hpctrain.config import TrainConfig
 from hpctrain.parallel.data import DataParallel
 from hpctrain.train import checkpoint as ckpt
 from hpctrain.train.checkpointing import read_dense, write_dense
-from hpctrain.train.optim import DenseOptimizer, clip_grad_norm, empty_state, state_groups
+from hpctrain.train.optim import DenseOptimizer, empty_state, state_groups
 
 __all__ = ["ZeroOptimizer", "save_dense", "restore_dense"]
 
 
 class ZeroOptimizer:
     """:class:`~hpctrain.train.optim.DenseOptimizer`'s interface, state sharded over
-    ``dp``'s group; :meth:`step` is collective over it."""
+    ``dp``'s group (and ``dp``'s gradient with stage 2); :meth:`step` is collective."""
 
     def __init__(self, dp: DataParallel, tc: TrainConfig) -> None:
         self.group = dp.group
-        self.params = dp.params
+        self.params = dp.params  # the plain optimizer's order, which checkpoints keep
         self.clip_norm = tc.clip_norm
         self.last_norm = float("nan")
-        total = sum(p.numel() for p in self.params)
-        bounds = chunk_bounds(total, self.group.size)
-        lo, hi = int(bounds[self.group.rank]), int(bounds[self.group.rank + 1])
-        self.shard = (lo, hi)
-        pieces, offset = [], 0
-        for p in self.params:
-            a, b = max(lo, offset), min(hi, offset + p.numel())
-            if a < b:  # this parameter's elements [a, b) of the flat order are ours
-                piece = torch.nn.Parameter(p.detach().view(-1)[a - offset: b - offset])
-                piece.grad = p.grad.view(-1)[a - offset: b - offset]
-                pieces.append(piece)
+        order, self.segments, shard_view = dp.shards()
+        self.at: dict[int, int] = {}  # flat offset of each parameter
+        offset = 0
+        for p in order:
+            self.at[id(p)] = offset
             offset += p.numel()
-        self.inner = DenseOptimizer(pieces, tc.optimizer, momentum=tc.momentum,
+        self.flat = torch.empty(offset, dtype=torch.float32, device=self.params[0].device)
+        rank, size = self.group.rank, self.group.size
+        self.pieces: list[torch.nn.Parameter] = []
+        self.where: list[int] = []  # flat offset of each piece
+        for lo, hi in self.segments:
+            bounds = chunk_bounds(hi - lo, size)
+            a, b = lo + int(bounds[rank]), lo + int(bounds[rank + 1])
+            for p in order:  # the parameters' elements inside our chunk [a, b)
+                first = self.at[id(p)]
+                x, y = max(a, first), min(b, first + p.numel())
+                if x < y:
+                    piece = torch.nn.Parameter(p.detach().view(-1)[x - first: y - first])
+                    piece.grad = (shard_view(x, y) if shard_view else
+                                  p.grad.view(-1)[x - first: y - first])
+                    self.pieces.append(piece)
+                    self.where.append(x)
+        self.inner = DenseOptimizer(self.pieces, tc.optimizer, momentum=tc.momentum,
                                     nesterov=tc.nesterov, weight_decay=tc.weight_decay,
                                     betas=tc.betas, eps=tc.eps)
-        self.flat = torch.empty(total, dtype=torch.float32, device=self.params[0].device)
-        self.pieces = pieces
         self.groups = state_groups(tc.optimizer, tc.momentum)
         self.kind, self.momentum = tc.optimizer, tc.momentum
 
@@ -71,41 +86,45 @@ class ZeroOptimizer:
 
     @torch.no_grad()
     def step(self, lr: float) -> None:
-        """Clip the reduced gradient (when asked), update this worker's chunk, and
-        ``allgather`` the flat parameters over the group."""
+        """Clip the reduced gradient (when asked), update this worker's chunks, and
+        ``allgather`` each segment of the flat parameters over the group."""
         if self.clip_norm > 0:
-            self.last_norm = clip_grad_norm(self.params, self.clip_norm)
+            self._clip()
         self.inner.step(lr)
-        lo, hi = self.shard
-        offset = 0
-        for p in self.params:  # only our chunk is read by the allgather; copy just that
-            a, b = max(lo, offset), min(hi, offset + p.numel())
-            if a < b:
-                self.flat[a:b].copy_(p.view(-1)[a - offset: b - offset])
-            offset += p.numel()
-        allgather(self.flat, comm=self.group)
-        offset = 0
+        for piece, x in zip(self.pieces, self.where, strict=True):
+            self.flat[x: x + piece.numel()].copy_(piece)
+        for lo, hi in self.segments:
+            allgather(self.flat[lo:hi], comm=self.group)
         for p in self.params:
-            p.copy_(self.flat[offset: offset + p.numel()].view_as(p))
-            offset += p.numel()
+            p.copy_(self.flat[self.at[id(p)]: self.at[id(p)] + p.numel()].view_as(p))
+
+    def _clip(self) -> None:
+        """``torch.nn.utils.clip_grad_norm_`` over the whole reduced gradient, whose
+        chunks the workers hold: the squared norm summed by one allreduce."""
+        grads = [piece.grad for piece in self.pieces]
+        squares = np.array([sum(float(n) ** 2 for n in torch._foreach_norm(grads))
+                            if grads else 0.0])
+        allreduce(squares, comm=self.group)
+        self.last_norm = float(np.sqrt(squares[0]))
+        factor = self.clip_norm / (self.last_norm + 1e-6)
+        if factor < 1.0 and grads:
+            torch._foreach_mul_(grads, factor)
 
     def gathered_state(self) -> list[torch.Tensor]:
         """The plain optimizer's state over all the parameters, assembled from every
-        worker's shard (collective over the group: one ``allgather`` per tensor group)."""
+        worker's shard (collective over the group: one ``allgather`` per segment and
+        tensor group)."""
         full = self.empty_full_state()
-        lo, hi = self.shard
-        n = len(self.pieces)
+        n, count = len(self.pieces), len(self.params)
         for g in range(self.groups):
             flat = torch.zeros_like(self.flat)
-            if n:
-                flat[lo:hi].copy_(torch.cat([t.view(-1) for t in self.inner.state[g * n:
-                                                                                  (g + 1) * n]]))
-            allgather(flat, comm=self.group)
-            offset = 0
-            for t in full[g * len(self.params): (g + 1) * len(self.params)]:
-                t.copy_(flat[offset: offset + t.numel()].view_as(t))
-                offset += t.numel()
-        if len(full) > self.groups * len(self.params):  # the step count, the same everywhere
+            for t, x in zip(self.inner.state[g * n: (g + 1) * n], self.where, strict=True):
+                flat[x: x + t.numel()].copy_(t.view(-1))
+            for lo, hi in self.segments:
+                allgather(flat[lo:hi], comm=self.group)
+            for p, t in zip(self.params, full[g * count: (g + 1) * count], strict=True):
+                t.copy_(flat[self.at[id(p)]: self.at[id(p)] + t.numel()].view_as(t))
+        if len(full) > self.groups * count:  # the step count, the same everywhere
             full[-1].copy_(self.inner.state[-1])
         return full
 
@@ -116,14 +135,13 @@ class ZeroOptimizer:
     @torch.no_grad()
     def keep_shard(self, full: list[torch.Tensor]) -> None:
         """Take this worker's shard of the unsharded state ``full``."""
-        lo, _ = self.shard
         n, count = len(self.pieces), len(self.params)
         for g in range(self.groups):
-            flat = torch.cat([t.reshape(-1) for t in full[g * count: (g + 1) * count]])
-            offset = lo
-            for t in self.inner.state[g * n: (g + 1) * n]:
-                t.view(-1).copy_(flat[offset: offset + t.numel()])
-                offset += t.numel()
+            flat = torch.empty_like(self.flat)
+            for p, t in zip(self.params, full[g * count: (g + 1) * count], strict=True):
+                flat[self.at[id(p)]: self.at[id(p)] + t.numel()].copy_(t.reshape(-1))
+            for t, x in zip(self.inner.state[g * n: (g + 1) * n], self.where, strict=True):
+                t.view(-1).copy_(flat[x: x + t.numel()])
         if len(full) > self.groups * count:
             self.inner.state[-1].copy_(full[-1])
 

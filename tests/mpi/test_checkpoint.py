@@ -288,27 +288,29 @@ def test_tensor_and_pipeline_parallel_runs_resume_bitwise(tmp_path):
 
 def test_zero_checkpoints_hold_the_unsharded_state(tmp_path):
     """ZeRO-1 writes the plain optimizer's state: a 2-worker run resumed from step 4 ends
-    bitwise as the straight run, and the same checkpoint resumes onto 3 ZeRO workers and
-    onto plain data parallelism, close to it."""
+    bitwise as the straight run, and the same checkpoint resumes onto 3 ZeRO workers, onto
+    3 ZeRO-2 workers (whose own checkpoint, written the same way, holds the final state)
+    and onto plain data parallelism, close to it."""
     adam = ["--set", "train.optimizer='adamw'", "--set", "train.lr=0.01", "--set",
             "train.weight_decay=0.01", "--set", "ps.servers=0"]
     zero = [*adam, "--set", "train.zero=1"]
     straight, cut = tmp_path / "a", tmp_path / "b"
     train(straight, 2, *zero)
     train(cut, 2, *zero, "--set", "train.steps=4")
-    plain, wider = tmp_path / "plain", tmp_path / "wider"
-    shutil.copytree(cut, plain)
-    shutil.copytree(cut, wider)
+    plain, wider, stage2 = tmp_path / "plain", tmp_path / "wider", tmp_path / "stage2"
+    for copy in (plain, wider, stage2):
+        shutil.copytree(cut, copy)
     reference = final_state(straight)
     with h5py.File(ckpt.step_dir(cut, 4) / "dense.h5") as f:
         assert len(f["optim"]) == 2 * len(f["param"]) + 1  # unsharded m, v and the count
-    for run_dir, ranks, extra in ((cut, 2, ()), (wider, 3, ()), (plain, 2, ("train.zero=0",))):
+    for run_dir, ranks, extra in ((cut, 2, ()), (wider, 3, ()), (stage2, 3, ("train.zero=2",)),
+                                  (plain, 2, ("train.zero=0",))):
         result = run_mpi([*HPCTRAIN, "--resume", str(run_dir), "--set", "train.steps=8",
                           *(a for key in extra for a in ("--set", key))], ranks=ranks,
                          timeout=180)
         assert result.returncode == 0 and "(step 4)" in result.stdout, result.stdout
     assert_identical(final_state(cut), reference)
-    for run_dir in (wider, plain):
+    for run_dir in (wider, stage2, plain):
         got = final_state(run_dir)
         for key in reference:
             np.testing.assert_allclose(got[key], reference[key], rtol=1e-4, atol=1e-6,

@@ -218,3 +218,30 @@ def test_model_parallel_trainer_follows_the_one_process_run(tmp_path):
             for key in ("log_loss", "auc", "accuracy", "samples"):
                 assert summary.eval[key] == pytest.approx(ref_summary.eval[key], rel=1e-5), key
         topo.free()
+
+
+@pytest.mark.mpi(ranks=(2,))
+def test_16_bit_pipeline_messages_halve_the_bytes_and_train_alike(tmp_path):
+    """pp = 2: bf16 (MPI backend) and fp16 (gloo) activations and input gradients. Stage 0
+    sends half float32's bytes (fp16: plus a 4-byte scale a message) and the model trains
+    close to the float32 run, not bitwise as it (the values did travel rounded)."""
+    runs = {}
+    for wire, backend in (("float32", "mpi"), ("bf16", "mpi"), ("fp16", "torch")):
+        config = load_config(overrides=[
+            *SMALL, "parallel.pp=2", f"parallel.wire_dtype={wire!r}",
+            f"parallel.backend={backend!r}", f"train.run_dir={str(tmp_path / wire)!r}"])
+        topo = build_topology(config)
+        trainer = Trainer(config, topo)
+        runs[wire] = (trainer.fit(), trainer.dense_parameters())
+        topo.free()
+    (f32, p32), (bf16, pb), (fp16, ph) = runs["float32"], runs["bf16"], runs["fp16"]
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        assert bf16.pipeline_sent_bytes * 2 == f32.pipeline_sent_bytes > 0
+        assert 0 < fp16.pipeline_sent_bytes - bf16.pipeline_sent_bytes <= \
+            bf16.pipeline_sent_bytes // 10
+        assert (fp16.pipeline_sent_bytes - bf16.pipeline_sent_bytes) % 4 == 0
+        for summary in (bf16, fp16):
+            assert summary.train_loss == pytest.approx(f32.train_loss, rel=1e-2)
+    for got in (pb, ph):
+        assert not np.array_equal(got, p32)
+        np.testing.assert_allclose(got, p32, rtol=0, atol=5e-3)

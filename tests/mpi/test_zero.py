@@ -1,11 +1,15 @@
-"""ZeRO-1 (train.zero = 1): the same model as plain data parallel, 1/N of the state, also
-on the data axis of a tensor/pipeline grid."""
+"""ZeRO-1 and ZeRO-2 (train.zero = 1, 2): the same model as plain data parallel, 1/N of the
+state (ZeRO-2: and of the gradient); ZeRO-1 also on the data axis of a tensor/pipeline grid."""
 
 import numpy as np
 import pytest
+import torch
 from mpi4py import MPI
+from torch import nn
 
-from hpctrain.config import load_config
+from hpctrain.comm import Group
+from hpctrain.config import CommConfig, load_config
+from hpctrain.parallel.data import DataParallel
 from hpctrain.runtime.world import build_topology
 from hpctrain.train.trainer import Trainer
 
@@ -19,7 +23,7 @@ def train(tmp_path, zero: int, optimizer: str) -> tuple[np.ndarray, Trainer]:
         "data.eval_samples=300", "model.embedding_dim=8", "model.bottom_mlp=[16, 8]",
         "model.top_mlp=[16, 1]", "train.progress=false", "train.batch_size=48",
         "train.steps=6", f"train.optimizer={optimizer!r}", "train.lr=0.05",
-        "train.clip_norm=0.5", f"train.zero={zero}", *extra,
+        "train.clip_norm=0.5", f"train.zero={zero}", "comm.bucket_kib=1", *extra,
         f"train.run_dir={str(tmp_path / f'{optimizer}{zero}')!r}"], env={})
     trainer = Trainer(config, build_topology(config))
     trainer.summary = trainer.fit()
@@ -33,11 +37,14 @@ def optimizer_values(trainer: Trainer) -> int:
 
 
 @pytest.mark.mpi(ranks=(2, 3, 4), timeout=300)
-def test_zero1_equals_plain_data_parallel(tmp_path):
-    for optimizer in ("adamw", "sgd"):
+def test_zero1_and_zero2_equal_plain_data_parallel(tmp_path):
+    """Two buckets or more (1 KiB each), so ZeRO-2 reduce-scatters each during backward."""
+    for optimizer, stage in (("adamw", 1), ("sgd", 1), ("adamw", 2), ("sgd", 2)):
         plain, reference = train(tmp_path, 0, optimizer)
-        sharded, trainer = train(tmp_path, 1, optimizer)
-        np.testing.assert_allclose(sharded, plain, rtol=1e-5, atol=1e-6, err_msg=optimizer)
+        sharded, trainer = train(tmp_path, stage, optimizer)
+        assert len(trainer.engine.dp.fused.buckets) >= 2
+        np.testing.assert_allclose(sharded, plain, rtol=1e-5, atol=1e-6,
+                                   err_msg=f"{optimizer} stage {stage}")
         replicas = WORLD.allgather(sharded)
         assert all(np.array_equal(r, replicas[0]) for r in replicas)
         total = trainer.dense_parameters().size
@@ -51,6 +58,13 @@ def test_zero1_equals_plain_data_parallel(tmp_path):
             replica = reference.summary.optimizer_state_bytes[0]  # the whole state
             counts = 8 * (WORLD.Get_size() - 1) * (optimizer == "adamw")  # a step count each
             assert sum(shares) == replica + counts
+            grads = trainer.summary.gradient_bytes  # ZeRO-2 keeps a shard of the gradient
+            whole = 4 * total
+            if stage == 2:
+                buckets = len(trainer.engine.dp.fused.buckets)  # chunks differ by <= 1 each
+                assert sum(grads) == whole and max(grads) - min(grads) <= 4 * buckets, grads
+            else:
+                assert all(g >= whole for g in grads), grads
 
 
 def grid_run(run_dir: str, grid: list[str], zero: int) -> tuple[np.ndarray, Trainer]:
@@ -78,3 +92,36 @@ def test_zero1_on_the_data_axis_of_a_grid(tmp_path):
         assert abs(mine - full / 2) <= 2, (grid, mine, full)  # m and v: one value each side
         trainer.close()
         reference.close()
+
+
+@pytest.mark.mpi(ranks=(3,))
+def test_a_nonfinite_gradient_in_one_shard_is_seen_by_every_worker():
+    """ZeRO-2: one element of rank 1's gradient of the first layer's weight is NaN. After
+    the reduce-scatter it sits in one worker's shard only; ``finite()`` is False on every
+    worker, and only the worker holding it names the parameter."""
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(6, 40), nn.ReLU(), nn.Linear(40, 1))
+    config = CommConfig(bucket_kib=1)
+    group = Group(WORLD, config)
+    dp = DataParallel(module, group, config, extra=1, sharded=True)
+    dp.arm([1.0])
+    module(torch.ones(4, 6)).sum().backward()
+    assert dp.allreduce([1.0])[0] == 3.0
+    assert dp.finite()
+    dp.zero()
+    dp.arm([1.0])
+    out = module(torch.ones(4, 6)).sum()
+    if WORLD.Get_rank() == 1:
+        module[0].weight.register_hook(lambda g: g.index_put((torch.tensor([0]),
+                                                              torch.tensor([0])),
+                                                             torch.tensor(float("nan"))))
+    out.backward()
+    dp.allreduce([1.0])
+    assert not dp.finite()
+    named = [name for name, piece in dp.named_gradients(module)
+             if not bool(torch.isfinite(piece.grad).all())]
+    holders = WORLD.allgather(named)
+    assert sorted(holders) == [[], [], ["0.weight"]], holders
+    assert all(p.grad is None for p in module.parameters())  # freed once sent
+    dp.close()
+    group.free()

@@ -168,3 +168,8 @@ def test_more_synthetic_tables_than_the_generator_has_fields():
 ])
 def test_servers_sum_a_steps_pushes_in_full_mode_under_staleness_0(overrides, sums):
     assert load_config(overrides=["ps.servers=1", *overrides]).sums_pushes is sums
+
+
+def test_a_pipeline_wire_without_a_pipeline_is_one_line():
+    with pytest.raises(ConfigError, match="parallel.wire_dtype = 'bf16' .* parallel.pp = 1"):
+        load_config(overrides=["parallel.wire_dtype='bf16'"], env={})

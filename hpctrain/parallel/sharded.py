@@ -1,0 +1,205 @@
+"""ZeRO-2's gradient reduction (``train.zero = 2``): each bucket reduce-scattered during the
+last backward, only this worker's shard of the summed gradient kept.
+
+The parameters, in reverse order (backward produces the last layers' gradients first), are
+cut into buckets of about ``bucket_bytes`` contiguous float32 values, as
+:class:`~hpctrain.comm.fusion.FusedGradients` cuts them. Worker ``r`` owns the balanced chunk
+``r`` of every bucket (:func:`~hpctrain.comm.types.chunk_bounds`, the chunk
+:func:`~hpctrain.comm.collectives.reduce_scatter` leaves it); its shard is those chunks end to
+end, ``1/N`` of the gradient.
+
+Autograd accumulates into ordinary ``.grad`` tensors (over all of a step's micro-batches).
+During the last backward, once every parameter of the next bucket in order is final, its
+gradients are packed into a buffer of the bucket's size and set to ``None`` (freed), and the
+buffer is reduce-scattered on the communication thread (at launch without
+``MPI_THREAD_MULTIPLE``); this worker's chunk is copied into the shard and the buffer dropped.
+So between steps a worker keeps ``1/N`` of the gradient, and during backward the gradients
+of the buckets not yet launched. The step statistics travel in their own small allreduce in
+:meth:`ShardedGradients.finish`. Traffic is a reduce-scatter of the gradients here, and
+ZeRO's allgather of the updated parameters: plain data parallelism's allreduce in bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from hpctrain.comm.collectives import allreduce, reduce_scatter
+from hpctrain.comm.group import Group
+from hpctrain.comm.types import chunk_bounds
+from hpctrain.errors import CommError
+from hpctrain.runtime import trace
+from hpctrain.runtime.waiting import watching
+
+__all__ = ["ShardedGradients"]
+
+
+class _Bucket:
+    def __init__(self, lo: int) -> None:
+        self.lo = self.hi = lo
+        self.params: list[torch.nn.Parameter] = []
+        self.pending = 0
+        self.handle: Future[None] | None = None
+
+
+class ShardedGradients:
+    """Bucketed, overlapped reduce-scatter (sum) of ``params``' gradients over ``group``."""
+
+    def __init__(self, params: Sequence[torch.nn.Parameter], group: Group, bucket_bytes: int,
+                 extra: int = 0, overlap: bool = True) -> None:
+        self.group = group
+        self.params = [p for p in params if p.requires_grad]
+        if not self.params or any(p.dtype != torch.float32 for p in self.params):
+            raise CommError("ShardedGradients: ZeRO-2 needs float32 parameters")
+        self.order = list(reversed(self.params))
+        self.buckets: list[_Bucket] = []
+        bucket, offset = _Bucket(0), 0
+        self.offset: dict[int, int] = {}
+        for p in self.order:
+            self.offset[id(p)] = offset
+            offset += p.numel()
+            bucket.params.append(p)
+            bucket.hi = offset
+            if (bucket.hi - bucket.lo) * 4 >= bucket_bytes:
+                self.buckets.append(bucket)
+                bucket = _Bucket(offset)
+        if bucket.params:
+            self.buckets.append(bucket)
+        self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
+        rank, size = group.rank, group.size
+        self.owned: list[tuple[int, int]] = []
+        for b in self.buckets:
+            bounds = chunk_bounds(b.hi - b.lo, size)
+            self.owned.append((b.lo + int(bounds[rank]), b.lo + int(bounds[rank + 1])))
+        self.shard = torch.zeros(sum(hi - lo for lo, hi in self.owned), dtype=torch.float32,
+                                 device=self.params[0].device)
+        self._shard_at = np.concatenate([[0], np.cumsum([hi - lo for lo, hi in self.owned])])
+        self.extra = extra
+        self._stats = np.zeros(extra, dtype=np.float64)
+        self.reduced_bytes = 0
+        self.reductions = 0
+        self._armed = False
+        self._launched = 0
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="hpctrain-comm") if \
+            MPI.Query_thread() == MPI.THREAD_MULTIPLE and size > 1 else None
+        if overlap and size > 1:
+            for p in self.params:
+                p.register_post_accumulate_grad_hook(self._hook)
+
+    @property
+    def segments(self) -> list[tuple[int, int]]:
+        """Each bucket's range of the flat order (chunk ``r`` of each is worker ``r``'s)."""
+        return [(b.lo, b.hi) for b in self.buckets]
+
+    def shard_view(self, lo: int, hi: int) -> torch.Tensor:
+        """The shard's values of flat range ``[lo, hi)``, inside one owned chunk."""
+        for k, (a, b) in enumerate(self.owned):
+            if a <= lo and hi <= b:
+                start = int(self._shard_at[k]) + lo - a
+                return self.shard[start: start + hi - lo]
+        raise CommError(f"ShardedGradients: [{lo}, {hi}) is not in this worker's shard")
+
+    def named_shards(self, names: dict[int, str]) -> list[tuple[str, SimpleNamespace]]:
+        """(parameter name, an object whose ``.grad`` is its part of the shard) for every
+        parameter with elements in this worker's chunks."""
+        out = []
+        for lo, hi in self.owned:
+            for p in self.order:
+                first = self.offset[id(p)]
+                x, y = max(lo, first), min(hi, first + p.numel())
+                if x < y:
+                    out.append((names[id(p)], SimpleNamespace(grad=self.shard_view(x, y))))
+        return out
+
+    @property
+    def kept_bytes(self) -> int:
+        """Gradient bytes kept between steps: the shard."""
+        return self.shard.numel() * self.shard.element_size()
+
+    # -- the step ----------------------------------------------------------------------------
+
+    def arm(self, stats: Sequence[float] = ()) -> None:
+        """Keep ``stats`` for :meth:`finish`'s allreduce and let the next backward's hooks
+        launch buckets (call it before the last backward of a step)."""
+        self._stats[:] = stats if len(stats) else 0.0
+        for b in self.buckets:
+            b.pending = len(b.params)
+        self._armed = True
+        self._launched = 0
+
+    def _hook(self, p: torch.nn.Parameter) -> None:
+        if self._armed:
+            bucket = self._bucket_of[id(p)]
+            bucket.pending -= 1
+            while self._launched < len(self.buckets) and \
+                    self.buckets[self._launched].pending <= 0:
+                self._launch(self.buckets[self._launched])
+
+    def _launch(self, bucket: _Bucket) -> None:
+        """Pack the bucket's gradients (freeing them) and start its reduce-scatter."""
+        index = self._launched
+        self._launched += 1
+        packed = torch.zeros(bucket.hi - bucket.lo, dtype=torch.float32,
+                             device=self.shard.device)
+        for p in bucket.params:
+            if p.grad is not None:  # None: the parameter took no part in this step
+                at = self.offset[id(p)] - bucket.lo
+                packed[at: at + p.numel()].copy_(p.grad.reshape(-1))
+                p.grad = None
+        self.reduced_bytes += packed.numel() * packed.element_size()
+        if self._thread is None:
+            self._reduce(packed, index)
+        else:
+            bucket.handle = self._thread.submit(self._reduce, packed, index)
+
+    def _reduce(self, packed: torch.Tensor, index: int) -> None:
+        """Bucket ``index``'s reduce-scatter; this worker's chunk goes into the shard."""
+        with trace.span("comm thread: reduce_scatter", bucket=index):
+            lo, hi = self.owned[index]
+            mine = reduce_scatter(packed, comm=self.group) if self.group.size > 1 else packed
+            start = int(self._shard_at[index])
+            self.shard[start: start + hi - lo].copy_(mine)
+
+    def finish(self, stats: Sequence[float] = ()) -> np.ndarray:
+        """Launch the buckets not launched yet, wait for all, and return the summed
+        statistics (``stats`` unless :meth:`arm` already took them)."""
+        if not self._armed:
+            self.arm(stats)
+        while self._launched < len(self.buckets):
+            self._launch(self.buckets[self._launched])
+        with trace.span("reduction wait"), watching("allreduce", self.group.comm):
+            for b in self.buckets:
+                if b.handle is not None:
+                    b.handle.result()
+                    b.handle = None
+        summed = self._stats.copy()
+        if self.extra and self.group.size > 1:
+            allreduce(summed, comm=self.group)
+        self._armed = False
+        self.reductions += 1
+        return summed
+
+    def finite(self) -> bool:
+        """Whether the summed gradient is finite on every worker (collective: each checks
+        its shard, and one allreduce agrees)."""
+        flag = np.array([0.0 if bool(torch.isfinite(self.shard).all()) else 1.0])
+        if self.group.size > 1:
+            allreduce(flag, comm=self.group)
+        return flag[0] == 0.0
+
+    def scale(self, factor: float) -> None:
+        self.shard.mul_(factor)
+
+    def zero(self) -> None:
+        """Drop what is left of the full gradients (a skipped step's, the non-finite check's)."""
+        for p in self.params:
+            p.grad = None
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._thread.shutdown()
