@@ -497,8 +497,6 @@ class JobConfig:
         grid = self.parallel.tp * self.parallel.pp
         if tc.zero:
             why = ("is not built (ZeRO-1 and 2 only)" if tc.zero > 2 else
-                   "is built for plain data parallelism (parallel.tp = parallel.pp = 1)"
-                   if tc.zero == 2 and grid > 1 else
                    "reduce-scatters float32 gradients; comm.wire_dtype must be float32"
                    if tc.zero == 2 and self.comm.wire_dtype != "float32" else
                    "does not combine with ps.mode = 'full' (the dense state is on the servers)"

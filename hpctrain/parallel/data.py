@@ -52,7 +52,7 @@ class DataParallel:
         """How ZeRO cuts the parameters (:class:`~hpctrain.train.zero.ZeroOptimizer`): their
         flat order, its segments (worker ``r`` owns chunk ``r`` of each), and where the
         reduced gradient of a flat range of one's own is (``None``: in ``.grad``, whole)."""
-        if isinstance(self.fused, ShardedGradients):
+        if isinstance(self.fused, ShardedGradients):  # (sharded, spelled for the type checker)
             return self.fused.order, self.fused.segments, self.fused.shard_view
         return self.params, [(0, sum(p.numel() for p in self.params))], None
 

@@ -34,10 +34,12 @@ class ParallelEngine:
 
     def __init__(self, stage: nn.Module, groups: ParallelGroups, schedule: str,
                  device: torch.device, comm: CommConfig | None = None,
-                 wire: str = "float32") -> None:
+                 wire: str = "float32", sharded: bool = False) -> None:
+        """``sharded``: keep only this rank's shard of the reduced gradient (ZeRO-2)."""
         self.stage, self.groups = stage, groups
         self.pipeline = PipelineStage(stage, groups.pipeline, schedule, device, wire)
-        self.dp = DataParallel(stage, groups.data_group, comm or CommConfig(), extra=3)
+        self.dp = DataParallel(stage, groups.data_group, comm or CommConfig(), extra=3,
+                               sharded=sharded)
         self.device = device
 
     @property

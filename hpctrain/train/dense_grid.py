@@ -95,7 +95,7 @@ class GridDense(DenseEngine):
         self.module = mine.to(topo.device)
         self.groups = groups
         self.engine = ParallelEngine(self.module, groups, par.schedule, topo.device, config.comm,
-                                     par.wire_dtype)
+                                     par.wire_dtype, sharded=tc.zero == 2)
         self.optimizer = (ZeroOptimizer(self.engine.dp, tc) if tc.zero else
                           DenseOptimizer.from_config(self.module.parameters(), tc))
         self.scores_here = self.engine.last and self.shard == 0
@@ -168,6 +168,9 @@ class GridDense(DenseEngine):
 
     def buckets(self) -> int:
         return len(self.engine.dp.fused.buckets)
+
+    def gradient_bytes(self) -> int:
+        return self.engine.dp.gradient_bytes
 
     def close(self) -> None:
         self.engine.close()

@@ -81,6 +81,16 @@ def test_full_mode_plateau_sweep_is_ten_seeds_of_bsp_and_ssp(tmp_path):
     assert "#SBATCH --array=0-19" in (tmp_path / "slurm-4.sbatch").read_text()
 
 
+def test_zero_stages_sweep_is_five_seeds_of_each_stage_on_the_reference_shape(tmp_path):
+    main(["sweep", str(ROOT / "jobs" / "sweeps" / "zero_stages.toml"), "--out", str(tmp_path)])
+    jobs = [load_config(t["job"]) for t in json.loads((tmp_path / "sweep.json").read_text())[
+        "tasks"]]
+    assert [j.train.zero for j in jobs[:4]] == [0, 1, 2, 0]
+    assert {(j.train.optimizer, j.train.steps, j.data.table_sizes[0]) for j in jobs} == {
+        ("adam", 400, 100_000)}
+    assert len(jobs) == 15 and "#SBATCH --array=0-14" in (tmp_path / "slurm-2.sbatch").read_text()
+
+
 def test_slurm_array_task_runs_its_point_then_run_and_report_finish_the_sweep(tmp_path):
     sweep_file = tmp_path / "tiny.toml"
     sweep_file.write_text(TINY)

@@ -81,15 +81,22 @@ def grid_run(run_dir: str, grid: list[str], zero: int) -> tuple[np.ndarray, Trai
 
 
 @pytest.mark.mpi(ranks=(4,), timeout=300)
-def test_zero1_on_the_data_axis_of_a_grid(tmp_path):
+def test_zero1_and_zero2_on_the_data_axis_of_a_grid(tmp_path):
     """pp = 2 and tp = 2, each over dp = 2: every (stage, tensor shard) shards its state
-    over its two replicas, and trains the plain grid's model."""
-    for grid in (["parallel.pp=2"], ["parallel.tp=2"]):
-        plain, reference = grid_run(f"{tmp_path}/{grid[0]}-plain", grid, 0)
-        sharded, trainer = grid_run(f"{tmp_path}/{grid[0]}-zero", grid, 1)
-        np.testing.assert_allclose(sharded, plain, rtol=1e-5, atol=1e-6, err_msg=grid[0])
+    (ZeRO-2: and its reduced gradient) over its two replicas, and trains the plain grid's
+    model."""
+    for grid, stage in ((["parallel.pp=2"], 1), (["parallel.tp=2"], 1), (["parallel.pp=2"], 2),
+                        (["parallel.tp=2"], 2)):
+        plain, reference = grid_run(f"{tmp_path}/{grid[0]}-plain{stage}", grid, 0)
+        sharded, trainer = grid_run(f"{tmp_path}/{grid[0]}-zero{stage}", grid, stage)
+        np.testing.assert_allclose(sharded, plain, rtol=1e-5, atol=1e-6,
+                                   err_msg=f"{grid[0]} stage {stage}")
         mine, full = optimizer_values(trainer), optimizer_values(reference)
         assert abs(mine - full / 2) <= 2, (grid, mine, full)  # m and v: one value each side
+        whole = trainer.dense_parameters().size * 4
+        kept = trainer.engine.gradient_bytes()
+        assert (abs(kept - whole / 2) <= 4 * len(trainer.engine.engine.dp.fused.buckets)
+                if stage == 2 else kept >= whole), (grid, stage, kept, whole)
         trainer.close()
         reference.close()
 

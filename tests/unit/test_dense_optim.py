@@ -188,7 +188,6 @@ def test_optimizer_settings_a_mode_cannot_run(overrides, words):
 
 @pytest.mark.parametrize("overrides,words", [
     (["train.zero=3"], ["train.zero = 3", "not built"]),
-    (["train.zero=2", "parallel.pp=2"], ["train.zero = 2", "plain data parallelism"]),
     (["train.zero=2", "comm.wire_dtype='bf16'"], ["train.zero = 2", "float32"]),
     (["train.zero=1", "ps.servers=1", "ps.mode='full'", "train.optimizer='sgd'"],
      ["train.zero = 1", "full"]),
