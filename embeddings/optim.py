@@ -8,9 +8,18 @@ optimizer state together). Rows must be unique: :func:`coalesce` sums duplicates
   ``a += mean(g^2)``; ``w -= lr * g / (sqrt(a) + eps)``.
 - ``adam`` (lazy): moments and a step count per row, advanced only when the row is touched,
   so an untouched row's state does not decay (the usual sparse Adam).
-- ``adagrad_values``: one accumulator per value, ``a += g^2``; ``w -= lr g / (sqrt(a) +
-  eps)``: the dense optimizer's Adagrad, for dense parameters kept as rows (the servers'
-  dense table in full mode, see :meth:`SparseOptimizer.per_value`). Not a table choice.
+- ``adagrad_values``: the dense optimizer's Adagrad, one accumulator ``a`` per value, for
+  dense parameters kept as rows (the servers' dense table in full mode, see
+  :meth:`SparseOptimizer.per_value`), where a step's gradient may arrive in parts (one push
+  per worker, applied as each arrives). Each value also keeps ``s``, the sum of the parts of
+  the current round; a part ``g`` moves it by
+  ``lr (t / (sqrt(a + t^2) + eps) - s / (sqrt(a + s^2) + eps))`` with ``t = s + g``, then
+  ``s = t``; :meth:`SparseOptimizer.end_round` adds ``s^2`` to ``a`` and clears ``s``. The
+  moves of a round telescope: together they are one Adagrad step on the round's summed
+  gradient, whatever their order, and one part per round is the usual
+  ``a += g^2; w -= lr g / (sqrt(a) + eps)`` bit for bit. Applying parts as plain steps would
+  move the values up to ``sqrt(parts)`` times as far (Adagrad's early steps are about
+  ``lr`` whatever the gradient's size). Not a table choice.
 
 The kernels run on host memory. Rows that live on a GPU (the hot tier on a CUDA machine) are
 updated by :meth:`SparseOptimizer.apply_torch`: the same formulas as vectorised torch ops on
@@ -55,12 +64,14 @@ def _rowwise_adagrad(weight, state, rows, grads, lr, eps):  # pragma: no cover -
 
 @numba.njit(cache=True, nogil=True)
 def _adagrad_values(weight, state, rows, grads, lr, eps):  # pragma: no cover - compiled
+    dim = weight.shape[1]
     for i in range(rows.shape[0]):
         r = rows[i]
-        for j in range(weight.shape[1]):
-            g = grads[i, j]
-            state[r, j] += g * g
-            weight[r, j] -= lr * g / (np.sqrt(state[r, j]) + eps)
+        for j in range(dim):
+            a, s = state[r, j], state[r, dim + j]
+            t = s + grads[i, j]
+            weight[r, j] -= lr * (t / (np.sqrt(a + t * t) + eps) - s / (np.sqrt(a + s * s) + eps))
+            state[r, dim + j] = t
 
 
 @numba.njit(cache=True, nogil=True)
@@ -133,10 +144,18 @@ class SparseOptimizer:
 
     def state_width(self, dim: int) -> int:
         """float32 values of optimizer state per row."""
-        return {"sgd": 0, "adagrad": 1, "adam": 2 * dim + 1, "adagrad_values": dim}[self.kind]
+        return {"sgd": 0, "adagrad": 1, "adam": 2 * dim + 1, "adagrad_values": 2 * dim}[self.kind]
 
     def new_state(self, rows: int, dim: int) -> np.ndarray:
         return np.zeros((rows, self.state_width(dim)), dtype=np.float32)
+
+    def end_round(self, state: np.ndarray) -> None:
+        """Close the round of ``adagrad_values``: fold each value's round sum into its
+        accumulator (nothing for the other kinds, whose parts are plain steps)."""
+        if self.kind == "adagrad_values":
+            dim = state.shape[1] // 2
+            state[:, :dim] += np.square(state[:, dim:])
+            state[:, dim:] = 0.0
 
     def apply(self, weight: np.ndarray, state: np.ndarray, rows: np.ndarray,
               grads: np.ndarray, lr: float) -> None:

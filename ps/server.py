@@ -20,6 +20,9 @@ message layouts in :mod:`ps.types`):
    step, empty if none of its rows live there: the push is the clock tick. In deterministic
    mode the pushes of a step are held until every running worker's has arrived, then summed
    and applied as one update (the replicated trainer's semantics, bitwise reproducible).
+   Whenever a push moves the slowest worker's clock, a round ends for the dense table's
+   optimizer (:meth:`~ps.store.ShardStore.end_round`): full mode's Adagrad then moves the
+   values of a round's pushes as far as one update of their sum.
 4. ``WRITE`` overwrites rows and is answered with an empty reply once applied. With ``dim``
    values per row the optimizer state is reset (workers place initial dense parameters so);
    with ``dim + state`` values it is replaced too (hot/cold tiering, :mod:`embeddings.tiered`:
@@ -304,8 +307,11 @@ class Server:
             rows, summed = slots[0], np.ascontiguousarray(grads[0], dtype=np.float32)
         if len(rows):
             self.store.apply(rows, summed, pushes[0][1].lr)
+        slowest = self.slowest_clock()
         for source, request in pushes:
             self.clock[source] = request.step + 1
+        if self.slowest_clock() > slowest:
+            self.store.end_round()
 
     def _apply_complete_steps(self) -> None:
         """Deterministic mode: apply held steps, oldest first, once no running worker's push

@@ -49,6 +49,13 @@ class ShardStore:
         self.dense_optimizer.apply(t.weight[lo:], self.dense_state, slots[dense] - lo,
                                    grads[dense], lr)
 
+    def end_round(self) -> None:
+        """Every running worker has pushed since the last round ended (the slowest clock
+        moved): the dense optimizer folds the round's parts in
+        (:meth:`~embeddings.optim.SparseOptimizer.end_round`)."""
+        if self.dense_optimizer is not None:
+            self.dense_optimizer.end_round(self.dense_state)
+
     def write_values(self, slots: np.ndarray, values: np.ndarray) -> None:
         """Overwrite rows, their optimizer state reset (workers place the dense values so)."""
         self.tables.weight[slots] = values

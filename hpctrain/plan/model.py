@@ -105,6 +105,14 @@ class Workload:
             return 2
         return 1 if self.optimizer == "adagrad" or self.momentum else 0
 
+    @property
+    def table_dense_state(self) -> float:
+        """float32 optimizer values per dense parameter on the servers in full mode (the
+        dense table's per-value optimizer: Adagrad's accumulator and round sum, Adam's
+        moments and a step count per row)."""
+        kind = {"adagrad": "adagrad_values"}.get(self.optimizer, self.optimizer)
+        return SparseOptimizer(kind).state_width(self.dim) / self.dim
+
 
 def workload(config: JobConfig) -> Workload:
     """The :class:`Workload` of a job config."""
@@ -265,7 +273,8 @@ def predict(w: Workload, p: Proposal, cluster: Cluster) -> Prediction:
         inb += pull_in
         outb += pull_out + push_out
         stored = w.rows / p.servers
-        dense_state = params / p.servers * (1 + w.dense_state) * F32 if dense_rows else 0.0
+        dense_state = (params / p.servers * (1 + w.table_dense_state) * F32 if dense_rows
+                       else 0.0)
         server = RankPrediction(
             "server", p.servers,
             {"base": cluster.base_memory, "table_shards": stored * (row_bytes + state_bytes),

@@ -107,7 +107,7 @@ def _dense_layout(config: JobConfig) -> str:
     on the servers with its optimizer's state per value."""
     par = config.parallel
     if config.ps.servers and config.ps.mode == "full":
-        return "a table on the servers, optimizer state per value"
+        return "a table on the servers, optimizer state per value and round"
     if par.tp * par.pp == 1:
         return "whole"
     return (f"parallel.tp = {par.tp}, parallel.pp = {par.pp}, parallel.stage_cuts = "

@@ -131,7 +131,8 @@ def test_full_mode_resumes_its_dense_table_bitwise_onto_another_server_count(tmp
     for run in (straight, moved):
         manifest = ckpt.read_manifest(ckpt.step_dir(run, 8))
         tables[run] = sorted_rows(manifest, manifest.dense_table_files())
-    assert tables[straight]["state"].shape == tables[straight]["weight"].shape  # per value
+    rows, dim = tables[straight]["weight"].shape
+    assert tables[straight]["state"].shape == (rows, 2 * dim)  # per value: accumulator, round
     assert tables[straight]["state"].any()
     assert_identical(tables[moved], tables[straight])
     assert_identical(final_state(moved), final_state(straight))

@@ -207,7 +207,7 @@ def test_full_mode_dense_table_updates_as_the_dense_optimizer(kind):
     update: the flattened parameters as rows, pushed once per step, as DenseOptimizer steps."""
     tc = TrainConfig(optimizer=kind)
     rows_opt = dense_table_optimizer(tc)
-    assert rows_opt.state_width(4) == {"sgd": 0, "adagrad": 4, "adam": 9}[kind]
+    assert rows_opt.state_width(4) == {"sgd": 0, "adagrad": 8, "adam": 9}[kind]
     rng = np.random.default_rng(3)
     weight = rng.normal(size=(6, 4)).astype(np.float32)
     state = rows_opt.new_state(6, 4)
@@ -216,9 +216,35 @@ def test_full_mode_dense_table_updates_as_the_dense_optimizer(kind):
     for _ in range(5):
         grads = rng.normal(size=(6, 4)).astype(np.float32)
         rows_opt.apply(weight, state, np.arange(6), grads, 0.1)
+        rows_opt.end_round(state)  # one push a round: the plain update, bit for bit
         param.grad = torch.from_numpy(grads)
         ours.step(0.1)
     np.testing.assert_allclose(weight, param.detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_rounds_parts_move_adagrad_values_as_their_sum_would():
+    """Three workers' pushes of one step, applied one by one under the round rule, land
+    where one update of their sum lands (and where plain per-push steps would not)."""
+    tc = TrainConfig(optimizer="adagrad")
+    rows_opt = dense_table_optimizer(tc)
+    rng = np.random.default_rng(5)
+    start = rng.normal(size=(3, 4)).astype(np.float32)
+    parts, summed, plain = start.copy(), start.copy(), start.copy()
+    state_parts, state_sum = rows_opt.new_state(3, 4), rows_opt.new_state(3, 4)
+    plain_acc = np.zeros((3, 4), np.float32)
+    rows = np.arange(3)
+    for _ in range(4):
+        pushes = [rng.normal(size=(3, 4)).astype(np.float32) for _ in range(3)]
+        for g in pushes:
+            rows_opt.apply(parts, state_parts, rows, g, 0.1)
+            plain_acc += g * g
+            plain -= 0.1 * g / (np.sqrt(plain_acc) + 1e-10)
+        rows_opt.end_round(state_parts)
+        rows_opt.apply(summed, state_sum, rows, sum(pushes), 0.1)
+        rows_opt.end_round(state_sum)
+    np.testing.assert_allclose(parts, summed, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(state_parts, state_sum, rtol=1e-5)
+    assert np.abs(plain - summed).max() > 0.05
 
 
 def test_the_tables_keep_row_wise_adagrad_beside_a_per_value_dense_table():

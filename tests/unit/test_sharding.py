@@ -121,7 +121,7 @@ def test_a_dense_table_gets_its_own_per_value_optimizer():
                        dense_optimizer=per_value)
     dense = store.slots(len(SIZES), placement.ids_at(1, len(SIZES)))
     assert len(dense) and (dense >= store.dense_from).all()
-    assert store.dense_state.shape == (len(dense), 4)
+    assert store.dense_state.shape == (len(dense), 8)  # accumulator and round sum
     embedding = store.slots(0, placement.ids_at(1, 0)[:2])
     slots = np.concatenate([embedding, dense])
     grads = np.tile(np.array([[1.0, 2.0, 0.0, 4.0]], np.float32), (len(slots), 1))
@@ -131,7 +131,10 @@ def test_a_dense_table_gets_its_own_per_value_optimizer():
     np.testing.assert_allclose(moved[:2], 0.5 * grads[:2] / np.sqrt(21 / 4), rtol=1e-5)
     np.testing.assert_allclose(moved[2:], [[0.5, 0.5, 0.0, 0.5]] * len(dense), rtol=1e-5)
     np.testing.assert_allclose(store.tables.state[embedding, 0], 21 / 4)
-    np.testing.assert_allclose(store.dense_state[dense - store.dense_from], grads[2:] ** 2)
+    np.testing.assert_allclose(store.dense_state[dense - store.dense_from, 4:], grads[2:])
+    store.end_round()
+    np.testing.assert_allclose(store.dense_state[dense - store.dense_from, :4], grads[2:] ** 2)
+    assert not store.dense_state[:, 4:].any()
     store.write_values(slots, np.zeros((len(slots), 4), np.float32))
     assert not store.tables.state[slots].any() and not store.dense_state.any()
-    assert store.resident_bytes() == placement.server_rows(1) * 5 * 4 + len(dense) * 4 * 4
+    assert store.resident_bytes() == placement.server_rows(1) * 5 * 4 + len(dense) * 8 * 4
