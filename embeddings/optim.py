@@ -13,7 +13,7 @@ optimizer state together). Rows must be unique: :func:`coalesce` sums duplicates
   :meth:`SparseOptimizer.per_value`), where a step's gradient may arrive in parts (one push
   per worker, applied as each arrives). Each value also keeps ``s``, the sum of the parts of
   the current round; a part ``g`` moves it by
-  ``lr (t / (sqrt(a + t^2) + eps) - s / (sqrt(a + s^2) + eps))`` with ``t = s + g``, then
+  ``lr t / (sqrt(a + t^2) + eps) - lr s / (sqrt(a + s^2) + eps)`` with ``t = s + g``, then
   ``s = t``; :meth:`SparseOptimizer.end_round` adds ``s^2`` to ``a`` and clears ``s``. The
   moves of a round telescope: together they are one Adagrad step on the round's summed
   gradient, whatever their order, and one part per round is the usual
@@ -70,7 +70,8 @@ def _adagrad_values(weight, state, rows, grads, lr, eps):  # pragma: no cover - 
         for j in range(dim):
             a, s = state[r, j], state[r, dim + j]
             t = s + grads[i, j]
-            weight[r, j] -= lr * (t / (np.sqrt(a + t * t) + eps) - s / (np.sqrt(a + s * s) + eps))
+            moved = lr * t / (np.sqrt(a + t * t) + eps)
+            weight[r, j] -= moved - lr * s / (np.sqrt(a + s * s) + eps)
             state[r, dim + j] = t
 
 

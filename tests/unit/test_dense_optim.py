@@ -245,6 +245,12 @@ def test_a_rounds_parts_move_adagrad_values_as_their_sum_would():
     np.testing.assert_allclose(parts, summed, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(state_parts, state_sum, rtol=1e-5)
     assert np.abs(plain - summed).max() > 0.05
+    # one part a round is the plain Adagrad update, bit for bit
+    one, state = start.copy(), rows_opt.new_state(3, 4)
+    g = rng.normal(size=(3, 4)).astype(np.float32)
+    rows_opt.apply(one, state, rows, g, 0.1)
+    lr, eps = np.float32(0.1), np.float32(1e-10)
+    np.testing.assert_array_equal(one, start - lr * g / (np.sqrt(g * g) + eps))
 
 
 def test_the_tables_keep_row_wise_adagrad_beside_a_per_value_dense_table():
