@@ -44,7 +44,8 @@ __all__ = ["ZeroOptimizer", "save_dense", "restore_dense"]
 
 class ZeroOptimizer:
     """:class:`~hpctrain.train.optim.DenseOptimizer`'s interface, state sharded over
-    ``dp``'s group (and ``dp``'s gradient with stage 2); :meth:`step` is collective."""
+    ``dp``'s group (and ``dp``'s gradient with stage 2); :meth:`step` is collective. The
+    parameters' storage moves into one flat buffer (``p.data`` becomes a view of it)."""
 
     def __init__(self, dp: DataParallel, tc: TrainConfig) -> None:
         self.group = dp.group
@@ -57,7 +58,14 @@ class ZeroOptimizer:
         for p in order:
             self.at[id(p)] = offset
             offset += p.numel()
+        # the parameters become views of one flat buffer, so the optimizer updates its
+        # chunks in place and the allgathers fill the rest: no copies in or out
         self.flat = torch.empty(offset, dtype=torch.float32, device=self.params[0].device)
+        with torch.no_grad():
+            for p in order:
+                view = self.flat[self.at[id(p)]: self.at[id(p)] + p.numel()]
+                view.copy_(p.detach().reshape(-1))
+                p.data = view.view_as(p)
         rank, size = self.group.rank, self.group.size
         self.pieces: list[torch.nn.Parameter] = []
         self.where: list[int] = []  # flat offset of each piece
@@ -90,13 +98,9 @@ class ZeroOptimizer:
         ``allgather`` each segment of the flat parameters over the group."""
         if self.clip_norm > 0:
             self._clip()
-        self.inner.step(lr)
-        for piece, x in zip(self.pieces, self.where, strict=True):
-            self.flat[x: x + piece.numel()].copy_(piece)
+        self.inner.step(lr)  # this worker's chunks of ``flat``, in place
         for lo, hi in self.segments:
             allgather(self.flat[lo:hi], comm=self.group)
-        for p in self.params:
-            p.copy_(self.flat[self.at[id(p)]: self.at[id(p)] + p.numel()].view_as(p))
 
     def _clip(self) -> None:
         """``torch.nn.utils.clip_grad_norm_`` over the whole reduced gradient, whose
