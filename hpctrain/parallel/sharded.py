@@ -10,16 +10,18 @@ end, ``1/N`` of the gradient.
 
 Autograd accumulates into ordinary ``.grad`` tensors (over all of a step's micro-batches).
 During the last backward, once every parameter of the next bucket in order is final, its
-gradients are packed into a buffer of the bucket's size and set to ``None`` (freed), and the
-buffer is reduce-scattered there and then, from the gradient hook; this worker's chunk is
-copied into the shard and the buffer dropped. (A communication thread, as
-:class:`~hpctrain.comm.fusion.FusedGradients` uses for buckets outside the shared window,
-cost more than it hid here: 10.4 against 9.0 ms a step for the reference-shaped MLPs at 2
-ranks on one node.) So between steps a worker keeps ``1/N`` of the gradient, and during
-backward the gradients of the buckets not yet sent. The step statistics and the verdict on
-the shards' finiteness travel in one small allreduce in :meth:`ShardedGradients.finish`.
-Traffic is a reduce-scatter of the gradients here, and ZeRO's allgather of the updated
-parameters: plain data parallelism's allreduce in bytes.
+gradients are packed into the staging buffer (one, the size of the largest bucket, kept for
+the run as DeepSpeed keeps its reduce bucket: allocating it afresh each step cost 1.3 ms of
+page faults a step for the reference-shaped MLPs) and set to ``None`` (freed), and the buffer
+is reduce-scattered there and then, from the gradient hook; this worker's chunk is copied into
+the shard. (A communication thread, as :class:`~hpctrain.comm.fusion.FusedGradients` uses
+for buckets outside the shared window, cost more than it hid here: 10.4 against 9.0 ms a
+step at 2 ranks on one node.) So between steps a worker keeps ``1/N`` of the gradient and the
+staging buffer (buckets smaller than the model make that saving real), and during backward
+also the gradients of the buckets not yet sent. The step statistics and the verdict on the
+shards' finiteness travel in one small allreduce in :meth:`ShardedGradients.finish`. Traffic
+is a reduce-scatter of the gradients here, and ZeRO's allgather of the updated parameters:
+plain data parallelism's allreduce in bytes.
 """
 
 from __future__ import annotations
@@ -75,8 +77,11 @@ class ShardedGradients:
         for b in self.buckets:
             bounds = chunk_bounds(b.hi - b.lo, size)
             self.owned.append((b.lo + int(bounds[rank]), b.lo + int(bounds[rank + 1])))
+        device = self.params[0].device
         self.shard = torch.zeros(sum(hi - lo for lo, hi in self.owned), dtype=torch.float32,
-                                 device=self.params[0].device)
+                                 device=device)
+        self._staging = torch.empty(max(b.hi - b.lo for b in self.buckets),
+                                    dtype=torch.float32, device=device)
         self._shard_at = np.concatenate([[0], np.cumsum([hi - lo for lo, hi in self.owned])])
         self.extra = extra
         self._stats = np.zeros(extra + 1, dtype=np.float64)  # the statistics, then the verdict
@@ -116,8 +121,8 @@ class ShardedGradients:
 
     @property
     def kept_bytes(self) -> int:
-        """Gradient bytes kept between steps: the shard."""
-        return self.shard.numel() * self.shard.element_size()
+        """Gradient bytes kept between steps: the shard and the staging buffer."""
+        return (self.shard.numel() + self._staging.numel()) * self.shard.element_size()
 
     # -- the step ----------------------------------------------------------------------------
 
@@ -143,8 +148,7 @@ class ShardedGradients:
         worker's chunk in the shard."""
         index = self._launched
         self._launched += 1
-        packed = torch.empty(bucket.hi - bucket.lo, dtype=torch.float32,
-                             device=self.shard.device)
+        packed = self._staging[: bucket.hi - bucket.lo]
         for p in bucket.params:
             at = self.offset[id(p)] - bucket.lo
             if p.grad is None:  # the parameter took no part in this step
