@@ -26,7 +26,7 @@ plain data parallelism's allreduce in bytes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from types import SimpleNamespace
 
 import numpy as np
@@ -38,7 +38,18 @@ from hpctrain.comm.types import chunk_bounds
 from hpctrain.errors import CommError
 from hpctrain.runtime import trace
 
-__all__ = ["ShardedGradients"]
+__all__ = ["ShardedGradients", "overlaps"]
+
+
+def overlaps(order: Sequence[torch.nn.Parameter], offset: dict[int, int], lo: int,
+             hi: int) -> Iterator[tuple[torch.nn.Parameter, int, int]]:
+    """(parameter, x, y) for each parameter of ``order`` (at flat offsets ``offset``, by
+    ``id``) with elements in the flat range ``[lo, hi)``: they are its ``[x, y)``."""
+    for p in order:
+        first = offset[id(p)]
+        x, y = max(lo, first), min(hi, first + p.numel())
+        if x < y:
+            yield p, x, y
 
 
 class _Bucket:
@@ -110,14 +121,8 @@ class ShardedGradients:
     def named_shards(self, names: dict[int, str]) -> list[tuple[str, SimpleNamespace]]:
         """(parameter name, an object whose ``.grad`` is its part of the shard) for every
         parameter with elements in this worker's chunks."""
-        out = []
-        for lo, hi in self.owned:
-            for p in self.order:
-                first = self.offset[id(p)]
-                x, y = max(lo, first), min(hi, first + p.numel())
-                if x < y:
-                    out.append((names[id(p)], SimpleNamespace(grad=self.shard_view(x, y))))
-        return out
+        return [(names[id(p)], SimpleNamespace(grad=self.shard_view(x, y)))
+                for lo, hi in self.owned for p, x, y in overlaps(self.order, self.offset, lo, hi)]
 
     @property
     def kept_bytes(self) -> int:

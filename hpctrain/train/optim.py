@@ -27,9 +27,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+import numpy as np
 import torch
 
 from embeddings.optim import SparseOptimizer
+from hpctrain.comm import Group, allreduce
 from hpctrain.config import TrainConfig
 
 __all__ = ["DenseOptimizer", "DENSE_OPTIMIZERS", "clip_grad_norm", "empty_state",
@@ -170,15 +172,23 @@ def _trust(w_norm: torch.Tensor, g_norm: torch.Tensor) -> float:
 
 
 @torch.no_grad()
-def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> float:
+def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float,
+                   group: Group | None = None) -> float:
     """Scale the gradients so their global L2 norm is at most ``max_norm``
     (``torch.nn.utils.clip_grad_norm_``: factor ``max_norm / (norm + 1e-6)`` when below 1);
     returns the norm before clipping. Called on the reduced gradient, which is the same on
-    every data-parallel rank, so every rank clips alike without a collective."""
+    every data-parallel rank, so every rank clips alike without a collective; when the ranks
+    of ``group`` hold disjoint pieces of it (ZeRO), the squared norm is summed over them."""
     grads = [p.grad for p in params]
-    norm = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))))
+    norms = torch._foreach_norm(grads) if grads else []
+    if group is None:
+        norm = float(torch.linalg.vector_norm(torch.stack(norms)))
+    else:
+        squares = np.array([sum(float(n) ** 2 for n in norms)])
+        allreduce(squares, comm=group)
+        norm = math.sqrt(squares[0])
     factor = max_norm / (norm + 1e-6)
-    if factor < 1.0:
+    if factor < 1.0 and grads:
         torch._foreach_mul_(grads, factor)
     return norm
 

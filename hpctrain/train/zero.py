@@ -28,16 +28,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from hpctrain.comm import allgather, allreduce
+from hpctrain.comm import allgather
 from hpctrain.comm.types import chunk_bounds
 from hpctrain.config import TrainConfig
 from hpctrain.parallel.data import DataParallel
+from hpctrain.parallel.sharded import overlaps
 from hpctrain.train import checkpoint as ckpt
 from hpctrain.train.checkpointing import read_dense, write_dense
-from hpctrain.train.optim import DenseOptimizer, empty_state, state_groups
+from hpctrain.train.optim import DenseOptimizer, clip_grad_norm, empty_state, state_groups
 
 __all__ = ["ZeroOptimizer", "save_dense", "restore_dense"]
 
@@ -72,15 +72,13 @@ class ZeroOptimizer:
         for lo, hi in self.segments:
             bounds = chunk_bounds(hi - lo, size)
             a, b = lo + int(bounds[rank]), lo + int(bounds[rank + 1])
-            for p in order:  # the parameters' elements inside our chunk [a, b)
+            for p, x, y in overlaps(order, self.at, a, b):  # its elements in our chunk
                 first = self.at[id(p)]
-                x, y = max(a, first), min(b, first + p.numel())
-                if x < y:
-                    piece = torch.nn.Parameter(p.detach().view(-1)[x - first: y - first])
-                    piece.grad = (shard_view(x, y) if shard_view else
-                                  p.grad.view(-1)[x - first: y - first])
-                    self.pieces.append(piece)
-                    self.where.append(x)
+                piece = torch.nn.Parameter(p.detach().view(-1)[x - first: y - first])
+                piece.grad = (shard_view(x, y) if shard_view else
+                              p.grad.view(-1)[x - first: y - first])
+                self.pieces.append(piece)
+                self.where.append(x)
         self.inner = DenseOptimizer(self.pieces, tc.optimizer, momentum=tc.momentum,
                                     nesterov=tc.nesterov, weight_decay=tc.weight_decay,
                                     betas=tc.betas, eps=tc.eps)
@@ -97,22 +95,10 @@ class ZeroOptimizer:
         """Clip the reduced gradient (when asked), update this worker's chunks, and
         ``allgather`` each segment of the flat parameters over the group."""
         if self.clip_norm > 0:
-            self._clip()
+            self.last_norm = clip_grad_norm(self.pieces, self.clip_norm, self.group)
         self.inner.step(lr)  # this worker's chunks of ``flat``, in place
         for lo, hi in self.segments:
             allgather(self.flat[lo:hi], comm=self.group)
-
-    def _clip(self) -> None:
-        """``torch.nn.utils.clip_grad_norm_`` over the whole reduced gradient, whose
-        chunks the workers hold: the squared norm summed by one allreduce."""
-        grads = [piece.grad for piece in self.pieces]
-        squares = np.array([sum(float(n) ** 2 for n in torch._foreach_norm(grads))
-                            if grads else 0.0])
-        allreduce(squares, comm=self.group)
-        self.last_norm = float(np.sqrt(squares[0]))
-        factor = self.clip_norm / (self.last_norm + 1e-6)
-        if factor < 1.0 and grads:
-            torch._foreach_mul_(grads, factor)
 
     def gathered_state(self) -> list[torch.Tensor]:
         """The plain optimizer's state over all the parameters, assembled from every
