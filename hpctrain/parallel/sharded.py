@@ -2,26 +2,28 @@
 last backward, only this worker's shard of the summed gradient kept.
 
 The parameters, in reverse order (backward produces the last layers' gradients first), are
-cut into buckets of about ``bucket_bytes`` contiguous float32 values, as
-:class:`~hpctrain.comm.fusion.FusedGradients` cuts them. Worker ``r`` owns the balanced chunk
+laid end to end and cut into buckets (:func:`cut`): a parameter of at least 1/16 of
+``bucket_bytes`` is cut into pieces of at most ``bucket_bytes``, each its own bucket, and
+smaller ones are grouped into buckets of up to 1/16 of it. Worker ``r`` owns the balanced chunk
 ``r`` of every bucket (:func:`~hpctrain.comm.types.chunk_bounds`, the chunk
 :func:`~hpctrain.comm.collectives.reduce_scatter` leaves it); its shard is those chunks end to
 end, ``1/N`` of the gradient.
 
 Autograd accumulates into ordinary ``.grad`` tensors (over all of a step's micro-batches).
-During the last backward, once every parameter of the next bucket in order is final, its
-gradients are packed into the staging buffer (one, the size of the largest bucket, kept for
-the run as DeepSpeed keeps its reduce bucket: allocating it afresh each step cost 1.3 ms of
-page faults a step for the reference-shaped MLPs) and set to ``None`` (freed), and the buffer
-is reduce-scattered there and then, from the gradient hook; this worker's chunk is copied into
-the shard. (A communication thread, as :class:`~hpctrain.comm.fusion.FusedGradients` uses
-for buckets outside the shared window, cost more than it hid here: 10.4 against 9.0 ms a
-step at 2 ranks on one node.) So between steps a worker keeps ``1/N`` of the gradient and the
-staging buffer (buckets smaller than the model make that saving real), and during backward
-also the gradients of the buckets not yet sent. The step statistics and the verdict on the
-shards' finiteness travel in one small allreduce in :meth:`ShardedGradients.finish`. Traffic
-is a reduce-scatter of the gradients here, and ZeRO's allgather of the updated parameters:
-plain data parallelism's allreduce in bytes.
+During the last backward, once every parameter of the next bucket in order is final, the
+bucket is reduce-scattered there and then, from the gradient hook: a piece of one parameter
+straight from its gradient, a group of small parameters packed into the staging buffer (one,
+the size of the largest group, kept for the run as DeepSpeed keeps its reduce bucket:
+allocating it afresh each step cost 1.3 ms of page faults a step for the reference-shaped
+MLPs). This worker's chunk is copied into the shard, and a parameter's gradient is set to
+``None`` (freed) after its last bucket. (A communication thread, as
+:class:`~hpctrain.comm.fusion.FusedGradients` uses for buckets outside the shared window, cost
+more than it hid here: 10.4 against 9.0 ms a step at 2 ranks on one node.) So between steps a
+worker keeps ``1/N`` of the gradient and the staging buffer, at most 1/16 of a bucket, and
+during backward also the gradients of the parameters not yet sent. The step statistics and
+the verdict on the shards' finiteness travel in one small allreduce in
+:meth:`ShardedGradients.finish`. Traffic is a reduce-scatter of the gradients here, and ZeRO's
+allgather of the updated parameters: plain data parallelism's allreduce in bytes.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from hpctrain.comm.types import chunk_bounds
 from hpctrain.errors import CommError
 from hpctrain.runtime import trace
 
-__all__ = ["ShardedGradients", "overlaps"]
+__all__ = ["ShardedGradients", "cut", "overlaps"]
 
 
 def overlaps(order: Sequence[torch.nn.Parameter], offset: dict[int, int], lo: int,
@@ -52,10 +54,40 @@ def overlaps(order: Sequence[torch.nn.Parameter], offset: dict[int, int], lo: in
             yield p, x, y
 
 
+def cut(sizes: Sequence[int], bucket: int) -> list[list[tuple[int, int, int]]]:
+    """Buckets over parameters of ``sizes`` values laid end to end: each a list of
+    (parameter index, first, last) pieces. A parameter of at least ``bucket // 16`` values is
+    cut into balanced pieces of at most ``bucket`` values, each a bucket of its own (reduced
+    straight from its gradient); smaller ones are grouped, consecutive, into buckets of up to
+    ``bucket // 16`` values (packed into the staging buffer), so that buffer stays small."""
+    small = max(1, bucket // 16)
+    buckets: list[list[tuple[int, int, int]]] = []
+    run: list[tuple[int, int, int]] = []
+    filled = 0
+    for i, n in enumerate(sizes):
+        if n < small:
+            if run and filled + n > small:
+                buckets.append(run)
+                run, filled = [], 0
+            run.append((i, 0, n))
+            filled += n
+            continue
+        if run:
+            buckets.append(run)
+            run, filled = [], 0
+        bounds = chunk_bounds(n, -(-n // bucket))
+        buckets += [[(i, int(a), int(b))] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    if run:
+        buckets.append(run)
+    return buckets
+
+
 class _Bucket:
-    def __init__(self, lo: int) -> None:
-        self.lo = self.hi = lo
-        self.params: list[torch.nn.Parameter] = []
+    def __init__(self, pieces: list[tuple[torch.nn.Parameter, int, int]], lo: int,
+                 hi: int) -> None:
+        self.pieces = pieces  # (parameter, first, last) values of it, in flat order
+        self.lo, self.hi = lo, hi
+        self.params = {id(p) for p, _, _ in pieces}
         self.pending = 0
 
 
@@ -69,20 +101,23 @@ class ShardedGradients:
         if not self.params or any(p.dtype != torch.float32 for p in self.params):
             raise CommError("ShardedGradients: ZeRO-2 needs float32 parameters")
         self.order = list(reversed(self.params))
-        self.buckets: list[_Bucket] = []
-        bucket, offset = _Bucket(0), 0
         self.offset: dict[int, int] = {}
+        offset = 0
         for p in self.order:
             self.offset[id(p)] = offset
             offset += p.numel()
-            bucket.params.append(p)
-            bucket.hi = offset
-            if (bucket.hi - bucket.lo) * 4 >= bucket_bytes:
-                self.buckets.append(bucket)
-                bucket = _Bucket(offset)
-        if bucket.params:
-            self.buckets.append(bucket)
-        self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
+        self.buckets: list[_Bucket] = []
+        for pieces in cut([p.numel() for p in self.order], max(1, bucket_bytes // 4)):
+            first, last = pieces[0], pieces[-1]
+            self.buckets.append(_Bucket(
+                [(self.order[i], a, b) for i, a, b in pieces],
+                self.offset[id(self.order[first[0]])] + first[1],
+                self.offset[id(self.order[last[0]])] + last[2]))
+        self._buckets_of: dict[int, list[_Bucket]] = {id(p): [] for p in self.params}
+        for b in self.buckets:
+            for key in b.params:
+                self._buckets_of[key].append(b)
+        self._last = {key: bs[-1] for key, bs in self._buckets_of.items()}
         rank, size = group.rank, group.size
         self.owned: list[tuple[int, int]] = []
         for b in self.buckets:
@@ -91,8 +126,8 @@ class ShardedGradients:
         device = self.params[0].device
         self.shard = torch.zeros(sum(hi - lo for lo, hi in self.owned), dtype=torch.float32,
                                  device=device)
-        self._staging = torch.empty(max(b.hi - b.lo for b in self.buckets),
-                                    dtype=torch.float32, device=device)
+        packed = [b.hi - b.lo for b in self.buckets if len(b.pieces) > 1]
+        self._staging = torch.empty(max(packed, default=0), dtype=torch.float32, device=device)
         self._shard_at = np.concatenate([[0], np.cumsum([hi - lo for lo, hi in self.owned])])
         self.extra = extra
         self._stats = np.zeros(extra + 1, dtype=np.float64)  # the statistics, then the verdict
@@ -125,9 +160,14 @@ class ShardedGradients:
                 for lo, hi in self.owned for p, x, y in overlaps(self.order, self.offset, lo, hi)]
 
     @property
+    def staging_bytes(self) -> int:
+        """The staging buffer's bytes (the largest group of small parameters)."""
+        return self._staging.numel() * self._staging.element_size()
+
+    @property
     def kept_bytes(self) -> int:
         """Gradient bytes kept between steps: the shard and the staging buffer."""
-        return (self.shard.numel() + self._staging.numel()) * self.shard.element_size()
+        return self.shard.numel() * self.shard.element_size() + self.staging_bytes
 
     # -- the step ----------------------------------------------------------------------------
 
@@ -142,31 +182,39 @@ class ShardedGradients:
 
     def _hook(self, p: torch.nn.Parameter) -> None:
         if self._armed:
-            bucket = self._bucket_of[id(p)]
-            bucket.pending -= 1
+            for bucket in self._buckets_of[id(p)]:
+                bucket.pending -= 1
             while self._launched < len(self.buckets) and \
                     self.buckets[self._launched].pending <= 0:
                 self._launch(self.buckets[self._launched])
 
     def _launch(self, bucket: _Bucket) -> None:
-        """Pack the bucket's gradients (freeing them), reduce-scatter it, and keep this
-        worker's chunk in the shard."""
+        """Reduce-scatter the bucket (from the gradient itself when it is one parameter's
+        piece, else packed into the staging buffer), keep this worker's chunk in the shard,
+        and free the gradients this was the last bucket of."""
         index = self._launched
         self._launched += 1
-        packed = self._staging[: bucket.hi - bucket.lo]
-        for p in bucket.params:
-            at = self.offset[id(p)] - bucket.lo
-            if p.grad is None:  # the parameter took no part in this step
-                packed[at: at + p.numel()].zero_()
-            else:
-                packed[at: at + p.numel()].copy_(p.grad.reshape(-1))
-                p.grad = None
+        if len(bucket.pieces) == 1:
+            p, a, b = bucket.pieces[0]
+            packed = (torch.zeros(b - a, dtype=torch.float32, device=self.shard.device)
+                      if p.grad is None else p.grad.reshape(-1)[a:b])  # None: not in this step
+        else:
+            packed = self._staging[: bucket.hi - bucket.lo]
+            for p, a, b in bucket.pieces:
+                at = self.offset[id(p)] + a - bucket.lo
+                if p.grad is None:
+                    packed[at: at + b - a].zero_()
+                else:
+                    packed[at: at + b - a].copy_(p.grad.reshape(-1)[a:b])
         self.reduced_bytes += packed.numel() * packed.element_size()
         with trace.span("reduce_scatter", bucket=index):
             lo, hi = self.owned[index]
             mine = reduce_scatter(packed, comm=self.group) if self.group.size > 1 else packed
             start = int(self._shard_at[index])
             self.shard[start: start + hi - lo].copy_(mine)
+        for p, _, _ in bucket.pieces:
+            if self._last[id(p)] is bucket:
+                p.grad = None
 
     def finish(self, stats: Sequence[float] = ()) -> np.ndarray:
         """Reduce the buckets not sent yet, then sum the statistics (``stats`` unless

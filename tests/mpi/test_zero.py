@@ -50,7 +50,8 @@ def test_zero1_and_zero2_equal_plain_data_parallel(tmp_path):
         total = trainer.dense_parameters().size
         mine, full = optimizer_values(trainer), optimizer_values(reference)
         per_param = full // total  # Adam: m and v; momentum: one buffer
-        assert abs(mine - per_param * total / WORLD.Get_size()) <= per_param
+        pieces = len(trainer.engine.dp.fused.buckets) if stage == 2 else 1  # <= 1 more each
+        assert abs(mine - per_param * total / WORLD.Get_size()) <= per_param * pieces
         assert WORLD.allreduce(mine) == full
         if WORLD.Get_rank() == 0:  # the summary reports every worker's share, in bytes
             shares = trainer.summary.optimizer_state_bytes
@@ -62,7 +63,8 @@ def test_zero1_and_zero2_equal_plain_data_parallel(tmp_path):
             whole = 4 * total
             if stage == 2:  # the shard (chunks differ by <= 1 each) and the staging buffer
                 fused = trainer.engine.dp.fused
-                staging = 4 * max(b.hi - b.lo for b in fused.buckets)
+                staging = fused.staging_bytes
+                assert staging <= 1024 // 16  # small parameters only, 1/16 of a bucket
                 n = WORLD.Get_size()
                 assert sum(grads) == whole + n * staging, grads
                 assert max(grads) - min(grads) <= 4 * len(fused.buckets), grads
@@ -100,7 +102,7 @@ def test_zero1_and_zero2_on_the_data_axis_of_a_grid(tmp_path):
         kept = trainer.engine.gradient_bytes()
         if stage == 2:  # half the gradient and the staging buffer
             fused = trainer.engine.engine.dp.fused
-            staging = 4 * max(b.hi - b.lo for b in fused.buckets)
+            staging = fused.staging_bytes
             assert abs(kept - staging - whole / 2) <= 4 * len(fused.buckets), (grid, kept)
         else:
             assert kept >= whole, (grid, stage, kept, whole)
