@@ -81,14 +81,16 @@ def test_full_mode_plateau_sweep_is_ten_seeds_of_bsp_and_ssp(tmp_path):
     assert "#SBATCH --array=0-19" in (tmp_path / "slurm-4.sbatch").read_text()
 
 
-def test_zero_stages_sweep_is_five_seeds_of_each_stage_on_the_reference_shape(tmp_path):
+def test_zero_stages_sweep_is_five_seeds_of_each_stage_and_bucket_size_on_the_reference_shape(
+        tmp_path):
     main(["sweep", str(ROOT / "jobs" / "sweeps" / "zero_stages.toml"), "--out", str(tmp_path)])
     jobs = [load_config(t["job"]) for t in json.loads((tmp_path / "sweep.json").read_text())[
         "tasks"]]
-    assert [j.train.zero for j in jobs[:4]] == [0, 1, 2, 0]
+    assert [(j.train.zero, j.comm.bucket_kib) for j in jobs[:7]] == [
+        (0, 25600), (0, 512), (1, 25600), (1, 512), (2, 25600), (2, 512), (0, 25600)]
     assert {(j.train.optimizer, j.train.steps, j.data.table_sizes[0]) for j in jobs} == {
         ("adam", 400, 100_000)}
-    assert len(jobs) == 15 and "#SBATCH --array=0-14" in (tmp_path / "slurm-2.sbatch").read_text()
+    assert len(jobs) == 30 and "#SBATCH --array=0-29" in (tmp_path / "slurm-2.sbatch").read_text()
 
 
 def test_slurm_array_task_runs_its_point_then_run_and_report_finish_the_sweep(tmp_path):
