@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -202,12 +203,18 @@ def _compare(group: dict[str, Any], base: dict[str, Any], metric: str) -> dict[s
 
 
 def _baseline(groups: list[dict[str, Any]], baseline: str | None) -> dict[str, Any]:
+    """The group ``baseline`` names: ``KEY=VALUE``, or several joined by commas
+    (``train.zero=0,comm.bucket_kib=512``) where the groups differ in more than one key."""
     if baseline is None:
         return groups[0]
-    key, sep, value = baseline.partition("=")
-    if not sep:
-        raise ConfigError(f"--baseline {baseline!r}: expected KEY=VALUE, e.g. sync.model=bsp")
-    found = [g for g in groups if g["keys"].get(key.strip()) == value.strip()]
+    wanted = {}
+    for pair in re.split(r",\s*(?=[\w.]+=)", baseline):
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ConfigError(f"--baseline {baseline!r}: expected KEY=VALUE[,KEY=VALUE...], "
+                              "e.g. sync.model=bsp")
+        wanted[key.strip()] = value.strip()
+    found = [g for g in groups if all(g["keys"].get(k) == v for k, v in wanted.items())]
     if len(found) != 1:
         names = "; ".join(g["name"] for g in groups)
         raise ConfigError(f"--baseline {baseline!r}: matches {len(found)} groups, not one "

@@ -3,8 +3,9 @@ last backward, only this worker's shard of the summed gradient kept.
 
 The parameters, in reverse order (backward produces the last layers' gradients first), are
 laid end to end and cut into buckets (:func:`cut`): a parameter of at least 1/16 of
-``bucket_bytes`` is cut into pieces of at most ``bucket_bytes``, each its own bucket, and
-smaller ones are grouped into buckets of up to 1/16 of it. Worker ``r`` owns the balanced chunk
+``bucket_bytes`` or of this worker's shard, whichever is less, is cut into pieces of at most
+``bucket_bytes``, each its own bucket, and smaller ones are grouped into buckets of up to that
+1/16. Worker ``r`` owns the balanced chunk
 ``r`` of every bucket (:func:`~hpctrain.comm.types.chunk_bounds`, the chunk
 :func:`~hpctrain.comm.collectives.reduce_scatter` leaves it); its shard is those chunks end to
 end, ``1/N`` of the gradient.
@@ -19,7 +20,7 @@ MLPs). This worker's chunk is copied into the shard, and a parameter's gradient 
 ``None`` (freed) after its last bucket. (A communication thread, as
 :class:`~hpctrain.comm.fusion.FusedGradients` uses for buckets outside the shared window, cost
 more than it hid here: 10.4 against 9.0 ms a step at 2 ranks on one node.) So between steps a
-worker keeps ``1/N`` of the gradient and the staging buffer, at most 1/16 of a bucket, and
+worker keeps ``1/N`` of the gradient and the staging buffer, at most 1/16 of the shard, and
 during backward also the gradients of the parameters not yet sent. The step statistics and
 the verdict on the shards' finiteness travel in one small allreduce in
 :meth:`ShardedGradients.finish`. Traffic is a reduce-scatter of the gradients here, and ZeRO's
@@ -54,13 +55,14 @@ def overlaps(order: Sequence[torch.nn.Parameter], offset: dict[int, int], lo: in
             yield p, x, y
 
 
-def cut(sizes: Sequence[int], bucket: int) -> list[list[tuple[int, int, int]]]:
-    """Buckets over parameters of ``sizes`` values laid end to end: each a list of
-    (parameter index, first, last) pieces. A parameter of at least ``bucket // 16`` values is
-    cut into balanced pieces of at most ``bucket`` values, each a bucket of its own (reduced
-    straight from its gradient); smaller ones are grouped, consecutive, into buckets of up to
-    ``bucket // 16`` values (packed into the staging buffer), so that buffer stays small."""
-    small = max(1, bucket // 16)
+def cut(sizes: Sequence[int], bucket: int, workers: int) -> list[list[tuple[int, int, int]]]:
+    """Buckets over parameters of ``sizes`` values laid end to end, sharded over ``workers``:
+    each a list of (parameter index, first, last) pieces. With ``small`` 1/16 of a bucket or
+    of a shard, whichever is less, a parameter of at least ``small`` values is cut into
+    balanced pieces of at most ``bucket`` values, each a bucket of its own (reduced straight
+    from its gradient); smaller ones are grouped, consecutive, into buckets of up to
+    ``small`` values (packed into the staging buffer), so that buffer stays small."""
+    small = max(1, min(bucket, sum(sizes) // workers) // 16)
     buckets: list[list[tuple[int, int, int]]] = []
     run: list[tuple[int, int, int]] = []
     filled = 0
@@ -107,7 +109,8 @@ class ShardedGradients:
             self.offset[id(p)] = offset
             offset += p.numel()
         self.buckets: list[_Bucket] = []
-        for pieces in cut([p.numel() for p in self.order], max(1, bucket_bytes // 4)):
+        for pieces in cut([p.numel() for p in self.order], max(1, bucket_bytes // 4),
+                          group.size):
             first, last = pieces[0], pieces[-1]
             self.buckets.append(_Bucket(
                 [(self.order[i], a, b) for i, a, b in pieces],

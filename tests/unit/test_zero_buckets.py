@@ -1,16 +1,24 @@
 """ZeRO-2's buckets (:func:`hpctrain.parallel.sharded.cut`): every value in exactly one
 bucket, in order; a large parameter in pieces of its own, small ones grouped into buckets of
-at most 1/16 of the bucket size (all the staging buffer has to hold)."""
+at most 1/16 of a bucket or of a shard (all the staging buffer has to hold)."""
 
+from pathlib import Path
+
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from hpctrain.config import load_config
+from hpctrain.models.dlrm import DLRM
 from hpctrain.parallel.sharded import cut
 
+ROOT = Path(__file__).resolve().parents[2]
 
-@given(st.lists(st.integers(1, 5000), min_size=1, max_size=30), st.integers(1, 4096))
-def test_buckets_cover_each_parameter_once_and_keep_groups_small(sizes, bucket):
-    buckets = cut(sizes, bucket)
+
+@given(st.lists(st.integers(1, 5000), min_size=1, max_size=30), st.integers(1, 4096),
+       st.integers(1, 8))
+def test_buckets_cover_each_parameter_once_and_keep_groups_small(sizes, bucket, workers):
+    buckets = cut(sizes, bucket, workers)
     pieces = [piece for b in buckets for piece in b]
     seen = {}
     for i, a, b in pieces:  # consecutive pieces of each parameter, parameters in order
@@ -18,24 +26,30 @@ def test_buckets_cover_each_parameter_once_and_keep_groups_small(sizes, bucket):
         seen[i] = b
     assert [i for i, _, _ in pieces] == sorted(i for i, _, _ in pieces)
     assert seen == dict(enumerate(sizes))
-    small = max(1, bucket // 16)
+    small = max(1, min(bucket, sum(sizes) // workers) // 16)
     for b in buckets:
         if len(b) > 1:  # a group: whole small parameters only
             assert all(sizes[i] < small and (x, y) == (0, sizes[i]) for i, x, y in b)
             assert sum(y - x for _, x, y in b) <= small
         else:
             (i, x, y), = b
-            assert y - x <= max(bucket, sizes[i] if sizes[i] < small else 0)
+            assert y - x <= bucket
         for i, _, _ in b:
             if sizes[i] >= small:
                 assert len(b) == 1  # a large parameter's pieces are buckets of their own
 
 
-def test_the_reference_mlps_keep_a_staging_buffer_of_3_percent_of_a_half_shard():
-    """dlrm_reference's dense parameters in backward order, 512 KiB buckets: ten buckets,
-    and the largest group (the first bottom layer) is 7,168 values: 3.0% of the shard of
-    two workers."""
-    sizes = [1, 256, 256, 131072, 512, 187904, 16, 1024, 64, 16384, 256, 131072, 512, 6656]
-    buckets = cut(sizes, 512 * 1024 // 4)
-    assert len(buckets) == 10
-    assert max(sum(y - x for _, x, y in b) for b in buckets if len(b) > 1) == 7168
+@pytest.mark.parametrize(("bucket_kib", "count"), [(25600, 9), (512, 10)])
+def test_the_reference_mlps_keep_a_staging_buffer_of_3_percent_of_a_half_shard(bucket_kib,
+                                                                              count):
+    """dlrm_reference's dense parameters in backward order over two workers: at the default
+    25 MiB buckets nine (a bucket per weight of 1/16 of a shard or more, the other parameters
+    in groups between them), at 512 KiB ten (the largest weight in two pieces); the largest
+    group (the first bottom layer) is 7,168 values, 3.0% of a worker's shard."""
+    config = load_config(ROOT / "jobs" / "configs" / "dlrm_reference.toml")
+    model = DLRM(config.model, len(config.data.table_sizes))
+    sizes = [p.numel() for p in reversed(list(model.parameters())) if p.requires_grad]
+    buckets = cut(sizes, bucket_kib * 1024 // 4, 2)
+    assert len(buckets) == count
+    largest = max(sum(y - x for _, x, y in b) for b in buckets if len(b) > 1)
+    assert largest == 7168 and largest / (sum(sizes) / 2) < 0.031
