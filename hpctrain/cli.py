@@ -238,8 +238,9 @@ def _experiment_args(sub: argparse._SubParsersAction) -> None:
                              "smoothed training loss")
     report.add_argument("--target", type=float, default=None,
                         help="loss to time (default: the loss every run reaches)")
-    report.add_argument("--baseline", metavar="KEY=VALUE",
-                        help="group the ratios refer to (default: the first group)")
+    report.add_argument("--baseline", metavar="KEY=VALUE[,KEY=VALUE...]",
+                        help="group the ratios refer to, by one key or several where groups "
+                             "differ in more (default: the first group)")
     report.add_argument("--out", help="folder for report.json, report.md and the plots "
                                       "(default: the first path)")
 

@@ -163,3 +163,19 @@ def test_report_command_writes_its_files(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "sync.model=ssp:4" in out and "ratio" in out
     assert (tmp_path / "r" / "curves.png").stat().st_size > 5_000
+
+
+def test_baseline_names_a_group_by_several_keys(tmp_path):
+    """Groups differing in two keys: one key matches two groups (refused, naming them all);
+    both keys, joined by a comma, name one."""
+    for model in ("bsp", "ssp:4"):
+        for zero in (0, 1):
+            for seed in range(2):
+                make_run(tmp_path / f"{model}-{zero}-{seed}", 20 + 5 * zero + seed,
+                         [f"sync.model='{model}'", f"train.zero={zero}"], seed=seed)
+    runs = find_runs([str(tmp_path)])
+    with pytest.raises(ConfigError, match="matches 2 groups"):
+        build_report(runs, baseline="train.zero=1")
+    report = build_report(runs, baseline="sync.model=ssp:4, train.zero=1")
+    assert report["baseline"] == "sync.model=ssp:4, train.zero=1"
+    assert len([g for g in report["groups"] if "vs_baseline" in g]) == 3
