@@ -1,12 +1,12 @@
 """ZeRO-2's gradient reduction (``train.zero = 2``): each bucket reduce-scattered during the
 last backward, only this worker's shard of the summed gradient kept.
 
-The parameters, in reverse order (backward produces the last layers' gradients first), are
-laid end to end and cut into buckets (:func:`cut`): a parameter of at least 1/16 of
-``bucket_bytes`` or of this worker's shard, whichever is less, is cut into pieces of at most
-``bucket_bytes``, each its own bucket, and smaller ones are grouped into buckets of up to that
-1/16. Worker ``r`` owns the balanced chunk
-``r`` of every bucket (:func:`~hpctrain.comm.types.chunk_bounds`, the chunk
+The parameters are laid end to end and cut into buckets (:func:`cut`): first those of at
+least 1/16 of ``bucket_bytes`` or of this worker's shard, whichever is less, in reverse order
+(backward produces the last layers' gradients first), each cut into pieces of at most
+``bucket_bytes``, each piece its own bucket; then the smaller ones, grouped into buckets of up
+to that 1/16. Worker ``r`` owns the balanced chunk ``r`` of every bucket
+(:func:`~hpctrain.comm.types.chunk_bounds`, the chunk
 :func:`~hpctrain.comm.collectives.reduce_scatter` leaves it); its shard is those chunks end to
 end, ``1/N`` of the gradient.
 
@@ -56,14 +56,22 @@ def overlaps(order: Sequence[torch.nn.Parameter], offset: dict[int, int], lo: in
 
 
 def cut(sizes: Sequence[int], bucket: int, workers: int) -> list[list[tuple[int, int, int]]]:
-    """Buckets over parameters of ``sizes`` values laid end to end, sharded over ``workers``:
-    each a list of (parameter index, first, last) pieces. With ``small`` 1/16 of a bucket or
-    of a shard, whichever is less, a parameter of at least ``small`` values is cut into
-    balanced pieces of at most ``bucket`` values, each a bucket of its own (reduced straight
-    from its gradient); smaller ones are grouped, consecutive, into buckets of up to
-    ``small`` values (packed into the staging buffer), so that buffer stays small."""
+    """Buckets over parameters of ``sizes`` values (in backward order), sharded over
+    ``workers``: each a list of (parameter index, first, last) pieces, in the order the flat
+    layout lays them end to end. With ``small`` 1/16 of a bucket or of a shard, whichever is
+    less, a parameter of at least ``small`` values is cut into balanced pieces of at most
+    ``bucket`` values, each a bucket of its own (reduced straight from its gradient), in
+    order; the smaller ones follow, grouped into buckets of up to ``small`` values (packed
+    into the staging buffer, so it stays small; a model's biases and small layers are
+    usually one such bucket, sent as backward ends, rather than one between each pair of
+    large weights)."""
     small = max(1, min(bucket, sum(sizes) // workers) // 16)
     buckets: list[list[tuple[int, int, int]]] = []
+    for i, n in enumerate(sizes):
+        if n >= small:
+            bounds = chunk_bounds(n, -(-n // bucket))
+            buckets += [[(i, int(a), int(b))]
+                        for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
     run: list[tuple[int, int, int]] = []
     filled = 0
     for i, n in enumerate(sizes):
@@ -73,12 +81,6 @@ def cut(sizes: Sequence[int], bucket: int, workers: int) -> list[list[tuple[int,
                 run, filled = [], 0
             run.append((i, 0, n))
             filled += n
-            continue
-        if run:
-            buckets.append(run)
-            run, filled = [], 0
-        bounds = chunk_bounds(n, -(-n // bucket))
-        buckets += [[(i, int(a), int(b))] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
     if run:
         buckets.append(run)
     return buckets
@@ -102,20 +104,18 @@ class ShardedGradients:
         self.params = [p for p in params if p.requires_grad]
         if not self.params or any(p.dtype != torch.float32 for p in self.params):
             raise CommError("ShardedGradients: ZeRO-2 needs float32 parameters")
-        self.order = list(reversed(self.params))
+        backward = list(reversed(self.params))
+        cuts = cut([p.numel() for p in backward], max(1, bucket_bytes // 4), group.size)
+        self.order = list(dict.fromkeys(backward[i] for pieces in cuts for i, _, _ in pieces))
         self.offset: dict[int, int] = {}
         offset = 0
         for p in self.order:
             self.offset[id(p)] = offset
             offset += p.numel()
-        self.buckets: list[_Bucket] = []
-        for pieces in cut([p.numel() for p in self.order], max(1, bucket_bytes // 4),
-                          group.size):
-            first, last = pieces[0], pieces[-1]
-            self.buckets.append(_Bucket(
-                [(self.order[i], a, b) for i, a, b in pieces],
-                self.offset[id(self.order[first[0]])] + first[1],
-                self.offset[id(self.order[last[0]])] + last[2]))
+        self.buckets = [_Bucket([(backward[i], a, b) for i, a, b in pieces],
+                                self.offset[id(backward[pieces[0][0]])] + pieces[0][1],
+                                self.offset[id(backward[pieces[-1][0]])] + pieces[-1][2])
+                        for pieces in cuts]
         self._buckets_of: dict[int, list[_Bucket]] = {id(p): [] for p in self.params}
         for b in self.buckets:
             for key in b.params:
