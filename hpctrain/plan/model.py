@@ -15,12 +15,16 @@ What a step costs, per rank:
   of lookups its top rows cover and sums its gradients over the workers;
 - dense gradients: one allreduce per bucket over the data-parallel ranks, priced by the
   collective selector's own cost model (:func:`hpctrain.comm.select.ranking`), hidden under
-  the backward pass when more than one bucket lets it start early;
+  the backward pass when more than one bucket lets it start early; ZeRO-1 adds the
+  allgather of the updated parameters, ZeRO-2 reduce-scatters a bucket per weight (and one
+  for the small parameters) inline from the gradient hook, so none of it is hidden;
 - tensor and pipeline parallelism: an allreduce of the activations per column/row pair each
   way, the boundary activations and their gradients point to point per micro-batch, and the
   bubble ``(p-1)/(m+p-1)``.
 
-Memory per rank is the runtime's base (probed) plus weights, gradients and optimizer state,
+Memory per rank is the runtime's base (probed) plus weights, gradients and optimizer state
+(ZeRO: the state over the data-parallel ranks; ZeRO-2: the gradient too, plus at most its
+staging buffer, 1/16 of a bucket or shard),
 activations held for backward (all micro-batches for GPipe, ``min(m, p)`` for 1F1B), table
 rows with their optimizer state, the hot tier with its lookup counters, message buffers and
 the batch. Ignored: allocator slack and fragmentation, data loading time, evaluation,
@@ -109,7 +113,10 @@ class Workload:
     def table_dense_state(self) -> float:
         """float32 optimizer values per dense parameter on the servers in full mode (the
         dense table's per-value optimizer: Adagrad's accumulator and round sum, Adam's
-        moments and a step count per row)."""
+        moments and a step count per row). The servers run no other optimizer, and the
+        config check refuses such a layout, so it counts none."""
+        if self.optimizer not in ("sgd", "adagrad", "adam"):
+            return 0.0
         kind = {"adagrad": "adagrad_values"}.get(self.optimizer, self.optimizer)
         return SparseOptimizer(kind).state_width(self.dim) / self.dim
 
@@ -304,12 +311,17 @@ def predict(w: Workload, p: Proposal, cluster: Cluster) -> Prediction:
         compute = 3 * 2 * st.macs_per_rank(p.tp) * local / flops_rate + \
             op_s * (OPS_PER_LAYER * st.layers + (OPS_FIXED if s == 0 else OPS_STAGE)) * chunks
         grads = stage_params * F32
-        nbuckets = max(1, math.ceil(grads / bucket))
+        # ZeRO-2: a bucket per weight, the small parameters one more (sharded.cut)
+        nbuckets = st.layers + 1 if p.zero == 2 else max(1, math.ceil(grads / bucket))
         sync = allreduce_s(grads, p.dp, cluster, span) if p.ps_mode != "full" or \
             p.embeddings != "ps" else 0.0
         sync += (nbuckets - 1) * cluster.comm.p2p.alpha * math.ceil(math.log2(max(p.dp, 2)))
-        hidden = min(sync, 2 / 3 * compute) * (1 - 1 / nbuckets)
-        opt = op_s * 2 * st.layers * 4 + (2 + w.dense_state) * 3 * grads / bw
+        if p.zero == 1:  # the updated chunks allgathered (ZeRO-2's allgather is in the
+            sync += _allgather_s(grads / p.dp, p.dp, _link(cluster, workers))  # allreduce's)
+        # ZeRO-2 reduce-scatters inline, from the gradient hook: nothing hidden
+        hidden = 0.0 if p.zero == 2 else min(sync, 2 / 3 * compute) * (1 - 1 / nbuckets)
+        owned = 1 / p.dp if p.zero else 1.0  # the share of the optimizer state kept
+        opt = op_s * 2 * st.layers * 4 + (2 + w.dense_state) * 3 * grads * owned / bw
         t: dict[str, float] = {"compute": compute, "dense_sync": sync - hidden,
                                "optimizer": opt}
         sin = sout = 0.0
@@ -328,7 +340,9 @@ def predict(w: Workload, p: Proposal, cluster: Cluster) -> Prediction:
             sin += hops * chunks * msg
             sout += hops * chunks * msg
         mem = {"base": cluster.base_memory, "weights": stage_params * F32,
-               "gradients": grads, "optimizer_state": stage_params * w.dense_state * F32,
+               "gradients": (grads / p.dp + min(bucket, grads / p.dp) / 16 if p.zero == 2
+                             else grads),  # ZeRO-2: the shard and at most the staging buffer
+               "optimizer_state": stage_params * w.dense_state * F32 * owned,
                "activations": 2 * st.activations * micro * F32 * in_flight,
                "batch": local * (NUM_DENSE * F32 + w.tables * ID_BYTES + F32) if s == 0
                else 0.0}

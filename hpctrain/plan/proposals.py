@@ -4,7 +4,8 @@ The candidates, for ``R`` ranks: tables replicated over ``dp = R`` workers; ``K 
 min(4, R-1)`` parameter servers in hybrid and full mode, and hybrid with a hot tier; dense
 ``dp x tp x pp`` grids (``tp, pp`` in 1, 2, 4, ... up to the model's stages) with
 micro-batch counts ``pp, 2pp, 4pp`` and both schedules; a smaller gradient bucket where the
-dense gradients fill more than one; all-to-all sharded tables (row- and table-wise). Each
+dense gradients fill more than one; replicated tables with ZeRO-1 (where the dense optimizer
+has state) and ZeRO-2; all-to-all sharded tables (row- and table-wise). Each
 candidate is
 checked as a job config (:func:`hpctrain.config.load_config` with its overrides) and by
 the model (grid, memory), so an infeasible one says why.
@@ -43,6 +44,9 @@ def candidates(config: JobConfig, ranks: int) -> list[Proposal]:
     out: list[Proposal] = []
     for bucket in buckets:
         out.append(Proposal(dp=ranks, bucket_kib=bucket))
+        if ranks > 1:  # ZeRO-1 when there is optimizer state to shard, ZeRO-2 always
+            out += [Proposal(dp=ranks, bucket_kib=bucket, zero=z)
+                    for z in ((1, 2) if w.dense_state else (2,))]
         for k in range(1, min(4, ranks - 1) + 1):
             dp = ranks - k
             out += [Proposal("ps", k, "hybrid", dp=dp, bucket_kib=bucket),
@@ -113,7 +117,8 @@ def proposal_of(config: JobConfig, ranks: int) -> Proposal:
     return Proposal("ps" if ps.servers else "replicated", ps.servers,
                     ps.mode if ps.servers else "hybrid", hot, dp=dp, tp=par.tp, pp=par.pp,
                     micro_batches=par.micro_batches if par.tp * par.pp > 1 else 1,
-                    schedule=par.schedule, bucket_kib=config.comm.bucket_kib)
+                    schedule=par.schedule, bucket_kib=config.comm.bucket_kib,
+                    zero=config.train.zero)
 
 
 def predict_job(config: JobConfig, cluster: Cluster) -> Prediction:

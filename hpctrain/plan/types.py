@@ -28,6 +28,7 @@ class Proposal:
     micro_batches: int = 1
     schedule: str = "1f1b"
     bucket_kib: int = 25600
+    zero: int = 0  # train.zero: the dense optimizer state (1) and gradients (2) sharded
 
     @property
     def name(self) -> str:
@@ -44,14 +45,16 @@ class Proposal:
             grid += f"xtp{self.tp}xpp{self.pp}-m{self.micro_batches}"
             if self.pp > 1:
                 grid += f"-{self.schedule}"
-        return f"{tables}/{grid}/b{self.bucket_kib // 1024}MiB"
+        zero = f"/zero{self.zero}" if self.zero else ""
+        return f"{tables}/{grid}/b{self.bucket_kib // 1024}MiB{zero}"
 
     def overrides(self) -> list[str]:
         """``--set`` keys that run this layout (:func:`hpctrain.config.load_config`)."""
         keys = [f"ps.servers={self.servers}", f"parallel.tp={self.tp}",
                 f"parallel.pp={self.pp}", f"parallel.dp={self.dp}",
                 f"parallel.micro_batches={self.micro_batches}",
-                f"parallel.schedule='{self.schedule}'", f"comm.bucket_kib={self.bucket_kib}"]
+                f"parallel.schedule='{self.schedule}'", f"comm.bucket_kib={self.bucket_kib}",
+                f"train.zero={self.zero}"]
         keys += [f"tiering.budget={self.hot_fraction}", "tiering.budget_unit='fraction'"]
         if self.servers:
             keys.append(f"ps.mode='{self.ps_mode}'")

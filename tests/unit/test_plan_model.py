@@ -18,7 +18,7 @@ from hpctrain.models.dlrm import DLRM
 from hpctrain.plan.cli import main
 from hpctrain.plan.cluster import Device, load_cluster, machine_cluster
 from hpctrain.plan.model import allreduce_s, dense_params, predict, workload, zipf_unique
-from hpctrain.plan.proposals import plan, rank_predictions
+from hpctrain.plan.proposals import plan, proposal_of, rank_predictions
 from hpctrain.plan.types import Proposal
 
 DEVICE = Device(1e10, 5e9, 2e-6, 5e-8)
@@ -60,6 +60,34 @@ def test_memory_accounting_replicated_and_ps():
     assert memory["optimizer_state"] == 2 * memory["weights"]  # dense m and v
     tp = predict(w, Proposal(dp=1, tp=2, micro_batches=2), cluster()).ranks[0].memory
     assert tp["weights"] < worker_weights_of(rep)
+
+
+def test_zero_shards_the_state_and_gradients_and_prices_the_allgather():
+    """ZeRO-1 over 4 workers keeps a quarter of Adam's state and pays the parameters'
+    allgather; ZeRO-2 also a quarter of the gradient plus at most 1/16 of that in staging,
+    with nothing of the reduction hidden; the plan proposes both and runs them as jobs."""
+    config = load_config("jobs/configs/dlrm_reference.toml", ["train.optimizer='adam'"])
+    w = workload(config)
+    plain, one, two = (predict(w, Proposal(dp=4, zero=z), cluster(4)) for z in (0, 1, 2))
+    grads = 4 * dense_params(w)
+    assert plain.ranks[0].memory["optimizer_state"] == 2 * grads
+    assert one.ranks[0].memory["optimizer_state"] == two.ranks[0].memory[
+        "optimizer_state"] == 2 * grads / 4
+    assert one.ranks[0].memory["gradients"] == grads
+    assert two.ranks[0].memory["gradients"] == pytest.approx(grads / 4 * (1 + 1 / 16))
+    assert one.ranks[0].time_s["dense_sync"] > plain.ranks[0].time_s["dense_sync"]
+    assert one.ranks[0].time_s["optimizer"] < plain.ranks[0].time_s["optimizer"]
+    names = {q.proposal.name: q for q in plan(config, cluster(4))}
+    assert {"replicated/dp4/b25MiB/zero1", "replicated/dp4/b25MiB/zero2"} <= set(names)
+    assert names["replicated/dp4/b25MiB/zero2"].feasible
+    sgd = load_config("jobs/configs/dlrm_reference.toml")  # no dense state: ZeRO-2 only
+    assert {q.proposal.zero for q in plan(sgd, cluster(4))} == {0, 2}
+    job, lamb = "jobs/configs/dlrm_reference.toml", ["train.optimizer='lamb'"]
+    refused = {q.proposal.name: q for q in plan(load_config(job, lamb), cluster(4), job, lamb)}[
+        "replicated/dp4/b25MiB/zero1"]
+    assert any("lamb" in r for r in refused.infeasible)
+    own = proposal_of(load_config(job, ["train.zero=2"]), 4)  # the job's own layout
+    assert own.zero == 2 and "train.zero=2" in own.overrides()
 
 
 def worker_weights_of(prediction) -> float:
