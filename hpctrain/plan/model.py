@@ -17,10 +17,12 @@ What a step costs, per rank:
   collective selector's own cost model (:func:`hpctrain.comm.select.ranking`), hidden under
   the backward pass when more than one bucket lets it start early; ZeRO-1 adds the
   allgather of the updated parameters, ZeRO-2 reduce-scatters a bucket per weight (and one
-  for the small parameters) inline from the gradient hook, so none of it is hidden;
+  for the small parameters) inline from the gradient hook, so none of it is hidden; a
+  16-bit ``comm.wire_dtype`` halves the bytes, local SGD (``local:H``) averages the
+  parameters (the same bytes) every H steps, after the step;
 - tensor and pipeline parallelism: an allreduce of the activations per column/row pair each
-  way, the boundary activations and their gradients point to point per micro-batch, and the
-  bubble ``(p-1)/(m+p-1)``.
+  way, the boundary activations and their gradients point to point per micro-batch (16-bit
+  with ``parallel.wire_dtype``), and the bubble ``(p-1)/(m+p-1)``.
 
 Memory per rank is the runtime's base (probed) plus weights, gradients and optimizer state
 (ZeRO: the state over the data-parallel ranks; ZeRO-2: the gradient too, plus at most its
@@ -313,13 +315,18 @@ def predict(w: Workload, p: Proposal, cluster: Cluster) -> Prediction:
         grads = stage_params * F32
         # ZeRO-2: a bucket per weight, the small parameters one more (sharded.cut)
         nbuckets = st.layers + 1 if p.zero == 2 else max(1, math.ceil(grads / bucket))
-        sync = allreduce_s(grads, p.dp, cluster, span) if p.ps_mode != "full" or \
+        wire = 0.5 if p.wire_dtype != "float32" else 1.0  # 16-bit messages, half the bytes
+        sync = allreduce_s(grads * wire, p.dp, cluster, span) if p.ps_mode != "full" or \
             p.embeddings != "ps" else 0.0
         sync += (nbuckets - 1) * cluster.comm.p2p.alpha * math.ceil(math.log2(max(p.dp, 2)))
         if p.zero == 1:  # the updated chunks allgathered (ZeRO-2's allgather is in the
             sync += _allgather_s(grads / p.dp, p.dp, _link(cluster, workers))  # allreduce's)
-        # ZeRO-2 reduce-scatters inline, from the gradient hook: nothing hidden
-        hidden = 0.0 if p.zero == 2 else min(sync, 2 / 3 * compute) * (1 - 1 / nbuckets)
+        # ZeRO-2 reduce-scatters inline, from the gradient hook: nothing hidden; local SGD
+        # averages the parameters every H steps, after the step (nothing hidden either)
+        if p.local_steps:
+            sync, hidden = sync / p.local_steps, 0.0
+        else:
+            hidden = 0.0 if p.zero == 2 else min(sync, 2 / 3 * compute) * (1 - 1 / nbuckets)
         owned = 1 / p.dp if p.zero else 1.0  # the share of the optimizer state kept
         opt = op_s * 2 * st.layers * 4 + (2 + w.dense_state) * 3 * grads * owned / bw
         t: dict[str, float] = {"compute": compute, "dense_sync": sync - hidden,
@@ -335,7 +342,7 @@ def predict(w: Workload, p: Proposal, cluster: Cluster) -> Prediction:
             link = cluster.comm.p2p if p.pp * p.tp <= cluster.ranks_per_node else \
                 cluster.comm.net
             hops = (s > 0) + (s < p.pp - 1)
-            msg = micro * st.boundary * F32
+            msg = micro * st.boundary * (2 if p.pipeline_wire != "float32" else F32)
             t["pipeline_p2p"] = hops * 2 * chunks * (link.alpha + msg * link.beta)
             sin += hops * chunks * msg
             sout += hops * chunks * msg

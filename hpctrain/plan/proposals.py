@@ -17,7 +17,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from hpctrain.config import JobConfig, load_config
+from hpctrain.config import JobConfig, load_config, local_period
 from hpctrain.errors import ConfigError
 from hpctrain.plan.cluster import Cluster
 from hpctrain.plan.model import F32, dense_params, predict, workload
@@ -35,7 +35,15 @@ def _powers(limit: int) -> list[int]:
 
 
 def candidates(config: JobConfig, ranks: int) -> list[Proposal]:
-    """Every layout worth predicting for ``config`` on ``ranks`` ranks (some infeasible)."""
+    """Every layout worth predicting for ``config`` on ``ranks`` ranks (some infeasible),
+    each with the job's dense sync model and wire formats (the pipeline's where pp > 1)."""
+    keep = {"local_steps": local_period(config.sync.dense),
+            "wire_dtype": config.comm.wire_dtype}
+    return [dataclasses.replace(p, **keep, pipeline_wire=config.parallel.wire_dtype
+                                if p.pp > 1 else "float32") for p in _layouts(config, ranks)]
+
+
+def _layouts(config: JobConfig, ranks: int) -> list[Proposal]:
     w = workload(config)
     buckets = [config.comm.bucket_kib]
     grads_kib = dense_params(w) * F32 / 1024
@@ -118,7 +126,8 @@ def proposal_of(config: JobConfig, ranks: int) -> Proposal:
                     ps.mode if ps.servers else "hybrid", hot, dp=dp, tp=par.tp, pp=par.pp,
                     micro_batches=par.micro_batches if par.tp * par.pp > 1 else 1,
                     schedule=par.schedule, bucket_kib=config.comm.bucket_kib,
-                    zero=config.train.zero)
+                    zero=config.train.zero, local_steps=local_period(config.sync.dense),
+                    wire_dtype=config.comm.wire_dtype, pipeline_wire=par.wire_dtype)
 
 
 def predict_job(config: JobConfig, cluster: Cluster) -> Prediction:

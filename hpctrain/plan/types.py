@@ -29,6 +29,9 @@ class Proposal:
     schedule: str = "1f1b"
     bucket_kib: int = 25600
     zero: int = 0  # train.zero: the dense optimizer state (1) and gradients (2) sharded
+    local_steps: int = 0  # sync.dense = local:H (0: bsp, a gradient reduction every step)
+    wire_dtype: str = "float32"  # comm.wire_dtype: the dense gradient reduction's messages
+    pipeline_wire: str = "float32"  # parallel.wire_dtype: the pipeline's messages (pp > 1)
 
     @property
     def name(self) -> str:
@@ -45,8 +48,16 @@ class Proposal:
             grid += f"xtp{self.tp}xpp{self.pp}-m{self.micro_batches}"
             if self.pp > 1:
                 grid += f"-{self.schedule}"
-        zero = f"/zero{self.zero}" if self.zero else ""
-        return f"{tables}/{grid}/b{self.bucket_kib // 1024}MiB{zero}"
+        name = f"{tables}/{grid}/b{self.bucket_kib // 1024}MiB"
+        if self.zero:
+            name += f"/zero{self.zero}"
+        if self.local_steps:
+            name += f"/local{self.local_steps}"
+        if self.wire_dtype != "float32":
+            name += f"/{self.wire_dtype}"
+        if self.pipeline_wire != "float32":
+            name += f"/pp-{self.pipeline_wire}"
+        return name
 
     def overrides(self) -> list[str]:
         """``--set`` keys that run this layout (:func:`hpctrain.config.load_config`)."""
@@ -54,7 +65,9 @@ class Proposal:
                 f"parallel.pp={self.pp}", f"parallel.dp={self.dp}",
                 f"parallel.micro_batches={self.micro_batches}",
                 f"parallel.schedule='{self.schedule}'", f"comm.bucket_kib={self.bucket_kib}",
-                f"train.zero={self.zero}"]
+                f"train.zero={self.zero}", f"comm.wire_dtype='{self.wire_dtype}'",
+                f"parallel.wire_dtype='{self.pipeline_wire}'",
+                f"sync.dense='{f'local:{self.local_steps}' if self.local_steps else 'bsp'}'"]
         keys += [f"tiering.budget={self.hot_fraction}", "tiering.budget_unit='fraction'"]
         if self.servers:
             keys.append(f"ps.mode='{self.ps_mode}'")

@@ -90,6 +90,33 @@ def test_zero_shards_the_state_and_gradients_and_prices_the_allgather():
     assert own.zero == 2 and "train.zero=2" in own.overrides()
 
 
+def test_local_sgd_and_16_bit_wires_are_priced_and_kept_by_every_layout():
+    """local:4 averages a quarter as often (one bucket, nothing hidden: a quarter of the
+    sync exactly); a 16-bit comm.wire_dtype makes the reduction cheaper; a 16-bit pipeline
+    halves the bytes a later stage receives. Every proposal keeps the job's settings, and
+    its overrides run them."""
+    job = "jobs/configs/dlrm_reference.toml"
+    w = workload(load_config(job))
+    bsp, local = (predict(w, Proposal(dp=4, local_steps=h), cluster(4)) for h in (0, 4))
+    assert local.ranks[0].time_s["dense_sync"] == pytest.approx(
+        bsp.ranks[0].time_s["dense_sync"] / 4)
+    bf16 = predict(w, Proposal(dp=4, wire_dtype="bf16"), cluster(4))
+    assert bf16.ranks[0].time_s["dense_sync"] < bsp.ranks[0].time_s["dense_sync"]
+    grid = Proposal(dp=2, pp=2, micro_batches=2)
+    full, half = (predict(w, dataclasses.replace(grid, pipeline_wire=d), cluster(4))
+                  for d in ("float32", "fp16"))
+    assert half.ranks[1].input_bytes == pytest.approx(full.ranks[1].input_bytes / 2)
+    keys = ["sync.dense='local:4'", "comm.wire_dtype='bf16'"]
+    layouts = plan(load_config(job, keys), cluster(4), job, keys)
+    assert all(q.proposal.local_steps == 4 and q.proposal.wire_dtype == "bf16" for q in layouts)
+    assert layouts[0].proposal.name.endswith("/local4/bf16")
+    ran = load_config(job, layouts[0].proposal.overrides())
+    assert (ran.sync.dense, ran.comm.wire_dtype) == ("local:4", "bf16")
+    own = proposal_of(load_config(job, ["parallel.pp=2", "parallel.wire_dtype='bf16'",
+                                        "parallel.micro_batches=2"]), 4)
+    assert own.pipeline_wire == "bf16" and own.pp == 2
+
+
 def worker_weights_of(prediction) -> float:
     return prediction.ranks[0].memory["weights"]
 
