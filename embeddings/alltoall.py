@@ -15,9 +15,10 @@ lazy Adam).
 
 Every pull and push is collective over the workers: one ``MPI_Allgather`` of the count
 matrix, then :func:`~hpctrain.comm.alltoall.alltoallv` (whose algorithm the cost model
-picks). Training steps pull in lockstep; evaluation, where workers may make different
-numbers of lookups, ends with :meth:`finish_lookups`, which serves the others' remaining
-pulls.
+picks). A push of exactly the last training pull's rows (one micro-batch a step) sends no
+ids: the owners kept the pull's, in the order the gradients come. Training steps pull in
+lockstep; evaluation, where workers may make different numbers of lookups, ends with
+:meth:`finish_lookups`, which serves the others' remaining pulls.
 
 A checkpoint holds full rows with global ids (``shard-w{rank}.h5``, one part per worker),
 whatever the sharding: column-wise shards first trade their blocks so that each worker
@@ -69,6 +70,17 @@ class ExchangeStats:
 
     def as_dict(self) -> dict[str, int]:
         return {**asdict(self), "bytes_sent": self.bytes_sent}
+
+
+@dataclass(frozen=True)
+class _Routed:
+    """One training pull's routing: its rows, the order that groups them by owner, rows per
+    owner, and the slots this worker was asked for (as owner), in the order asked."""
+
+    rows: np.ndarray
+    order: np.ndarray
+    counts: np.ndarray
+    got_slots: np.ndarray
 
 
 class ColumnTables:
@@ -132,6 +144,7 @@ class ShardedTables(EmbeddingStore):
                                       self.placement.rows_of(r))
         self.stats = ExchangeStats()
         self._training = False
+        self._routed: _Routed | None = None  # the last training pull's, for its push
 
     # -- the protocol ----------------------------------------------------------------------
 
@@ -147,11 +160,26 @@ class ShardedTables(EmbeddingStore):
         return out
 
     def push(self, rows: np.ndarray, grads: np.ndarray, lr: float) -> None:
-        """Sum gradients per row, send each to the row's owner(s), who apply them."""
+        """Sum gradients per row, send each to the row's owner(s), who apply them.
+
+        When every worker pushes exactly the rows of its last training pull (one
+        micro-batch a step), the owners already hold those rows' ids, in the order the
+        gradients come: only the gradients move. The agreement rides in the count
+        exchange, so a worker whose rows differ (accumulated micro-batches, a withheld
+        share) makes every worker send ids as before."""
         rows, grads = coalesce(rows, grads)
-        order, counts, slots = self._route(rows)
-        matrix, _ = self._counts(counts, 1, train=True)
-        got_slots, _ = self._send_ids(slots, counts, matrix, train=True)
+        routed = self._routed
+        mine = routed is not None and np.array_equal(rows, routed.rows)
+        order, counts, slots = (routed.order, routed.counts, None) if mine else \
+            self._route(rows)
+        matrix, flags = self._counts(counts, int(mine), train=True)
+        if flags.all():
+            got_slots = routed.got_slots
+        else:
+            if slots is None:
+                order, counts, slots = self._route(rows)
+            got_slots, _ = self._send_ids(slots, counts, matrix, train=True)
+        self._routed = None
         if self.plan.by_columns:
             send = np.concatenate([grads[:, self._cols(j)].reshape(-1)
                                    for j in range(self.group.size)])
@@ -242,6 +270,7 @@ class ShardedTables(EmbeddingStore):
         if not flags.any():
             return None
         got_slots, _ = self._send_ids(slots, counts, matrix, train=self._training)
+        self._routed = _Routed(rows, order, counts, got_slots) if self._training else None
         values = self.tables.pull(got_slots)
         r = self.group.rank
         asked = matrix[:, r]

@@ -28,8 +28,10 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, ClassVar
 
+import numba
 import numpy as np
 from mpi4py import MPI
 
@@ -47,7 +49,9 @@ __all__ = ["Exchange", "EXCHANGES", "EXCHANGE_NAMES", "Matrix", "alltoallv", "ch
 
 @dataclass(frozen=True)
 class Matrix:
-    """Bytes each rank sends each rank (``bytes[i, j]``: from ``i`` to ``j``)."""
+    """Bytes each rank sends each rank (``bytes[i, j]``: from ``i`` to ``j``), with the few
+    maxima the costs read, computed once in one pass (a selection runs on every exchange,
+    so it must cost a microsecond or two, not tens of them)."""
 
     bytes: np.ndarray
 
@@ -63,6 +67,34 @@ class Matrix:
     def moved(self) -> int:
         """Bytes that leave their rank, over all ranks."""
         return int(self.off_diagonal().sum())
+
+    @cached_property
+    def maxima(self) -> tuple[int, int, int, int]:
+        """(bytes the busiest rank sends plus receives, its own segment counted both ways;
+        bytes the busiest rank sends or receives to or from other ranks; the largest segment
+        a rank sends itself; the sum over pairwise rounds ``k = 1 .. p-1`` of the round's
+        largest message, rank ``r`` to ``(r + k) % p``)."""
+        return _maxima(np.ascontiguousarray(self.bytes, dtype=np.int64))
+
+
+@numba.njit(cache=True)
+def _maxima(m):  # one pass in numba: numpy's reductions cost microseconds each at p = 2-8
+    p = m.shape[0]
+    through = across = kept = rounds = 0
+    for r in range(p):
+        sent = received = 0
+        for j in range(p):
+            sent += m[r, j]
+            received += m[j, r]
+        through = max(through, sent + received)
+        across = max(across, sent - m[r, r], received - m[r, r])
+        kept = max(kept, m[r, r])
+    for k in range(1, p):
+        largest = 0
+        for r in range(p):
+            largest = max(largest, m[r, (r + k) % p])
+        rounds += largest
+    return through, across, kept, rounds
 
 
 class Exchange(ABC):
@@ -98,14 +130,11 @@ class Pairwise(Exchange):
     name = "pairwise"
 
     def cost(self, matrix: Matrix, layout: Layout, params: CostParams) -> Cost:
-        p = matrix.size
         link: Link = params.net if layout.nodes > 1 else params.p2p
-        ranks = np.arange(p)
-        latency = transfer = 0.0
-        for k in range(1, p):
-            latency += _latency(link.alpha, layout, params)
-            transfer += link.beta * float(matrix.bytes[ranks, (ranks + k) % p].max())
-        copy = params.shm.beta * float(np.diag(matrix.bytes).max())
+        latency = _latency(link.alpha, layout, params) * (matrix.size - 1)
+        _, _, kept, rounds = matrix.maxima
+        transfer = link.beta * rounds
+        copy = params.shm.beta * kept
         return Cost(latency_s=latency, transfer_s=transfer + copy)
 
     def run(self, send: np.ndarray, out: np.ndarray, matrix: Matrix, group: Group) -> None:
@@ -132,9 +161,8 @@ class SharedMemory(Exchange):
         return layout.nodes == 1
 
     def cost(self, matrix: Matrix, layout: Layout, params: CostParams) -> Cost:
-        sent, received = matrix.bytes.sum(axis=1), matrix.bytes.sum(axis=0)
         return Cost(latency_s=sync_cost(layout, params),
-                    transfer_s=params.shm.beta * float((sent + received).max()))
+                    transfer_s=params.shm.beta * matrix.maxima[0])
 
     def run(self, send: np.ndarray, out: np.ndarray, matrix: Matrix, group: Group) -> None:
         r, p = group.rank, group.size
@@ -162,10 +190,8 @@ class NativeAlltoallv(Exchange):
         alpha, beta = link.alpha, link.beta
         if layout.nodes > 1:
             alpha, beta = max(alpha, params.net.alpha), max(beta, params.net.beta)
-        off = matrix.off_diagonal()
-        busiest = float(np.maximum(off.sum(axis=1), off.sum(axis=0)).max())
         return Cost(latency_s=_latency(alpha, layout, params) * (matrix.size - 1),
-                    transfer_s=beta * busiest)
+                    transfer_s=beta * matrix.maxima[1])
 
     def run(self, send: np.ndarray, out: np.ndarray, matrix: Matrix, group: Group) -> None:
         r = group.rank

@@ -51,9 +51,11 @@ def test_every_sharding_trains_like_replicated(tmp_path):
                 assert (tmp_path / f"{sharding}-{opt}" / "plan.json").exists()
             stats = store.stats
             assert stats.pushes == 4
-            # over all workers: at least the minimum (ids travel in the pull and the push)
+            # over all workers: at least the minimum; with one micro-batch a step the push
+            # reuses its pull's ids (within 5%: the count matrices), with two it sends them
             sent, least = WORLD.allreduce(np.array([stats.train_bytes_sent, stats.min_bytes]))
-            assert least > 0 and least <= sent <= 1.5 * least, (sent, least)
+            most = 1.05 if opt == "sgd" else 1.5
+            assert least > 0 and least <= sent <= most * least, (what, sent, least)
             bad = np.array([store.layout.total_rows + 5])
             with pytest.raises(EmbeddingError, match=r"id 108 is outside table 't25' of 103"):
                 store.pull(bad)
