@@ -56,6 +56,7 @@ class ExchangeStats:
 
     pulls: int = 0
     pushes: int = 0
+    pulls_ahead: int = 0  # training pulls whose ids rode with the push before them
     id_bytes_sent: int = 0
     value_bytes_sent: int = 0
     grad_bytes_sent: int = 0
@@ -75,12 +76,14 @@ class ExchangeStats:
 @dataclass(frozen=True)
 class _Routed:
     """One training pull's routing: its rows, the order that groups them by owner, rows per
-    owner, and the slots this worker was asked for (as owner), in the order asked."""
+    owner, the slots this worker was asked for (as owner) in the order asked, and the
+    count matrix."""
 
     rows: np.ndarray
     order: np.ndarray
     counts: np.ndarray
     got_slots: np.ndarray
+    matrix: np.ndarray
 
 
 class ColumnTables:
@@ -145,6 +148,8 @@ class ShardedTables(EmbeddingStore):
         self.stats = ExchangeStats()
         self._training = False
         self._routed: _Routed | None = None  # the last training pull's, for its push
+        self._next: np.ndarray | None = None  # the next step's first pull, announced
+        self._pending: _Routed | None = None  # that pull's routing, its ids sent ahead
 
     # -- the protocol ----------------------------------------------------------------------
 
@@ -159,39 +164,45 @@ class ShardedTables(EmbeddingStore):
         self._training = False
         return out
 
+    def prefetch(self, rows: np.ndarray, ahead: int) -> None:
+        """The next step's first pull asks for ``rows`` (``ahead`` 1): their ids ride to
+        their owners with this step's push, so that pull only moves values."""
+        if ahead == 1:
+            self._next = np.asarray(rows, dtype=np.int64)
+
     def push(self, rows: np.ndarray, grads: np.ndarray, lr: float) -> None:
         """Sum gradients per row, send each to the row's owner(s), who apply them.
 
-        When every worker pushes exactly the rows of its last training pull (one
-        micro-batch a step), the owners already hold those rows' ids, in the order the
-        gradients come: only the gradients move. The agreement rides in the count
-        exchange, so a worker whose rows differ (accumulated micro-batches, a withheld
-        share) makes every worker send ids as before."""
+        One count exchange carries two agreements. When every worker pushes exactly the
+        rows of its last training pull (one micro-batch a step), the owners already hold
+        those rows' ids in the order the gradients come, and no id is sent again; a
+        worker whose rows differ (accumulated micro-batches, a withheld share) makes every
+        worker send them. When every worker announced its next pull (:meth:`prefetch`),
+        those ids travel in the gradients' exchange."""
         rows, grads = coalesce(rows, grads)
-        routed = self._routed
+        routed, upcoming, self._routed, self._next = self._routed, self._next, None, None
         mine = routed is not None and np.array_equal(rows, routed.rows)
         order, counts, slots = (routed.order, routed.counts, None) if mine else \
             self._route(rows)
-        matrix, flags = self._counts(counts, int(mine), train=True)
-        if flags.all():
+        ahead = self._route(upcoming) if upcoming is not None else None
+        p = self.group.size
+        both = np.concatenate([counts, ahead[1] if ahead else np.zeros(p, np.int64)])
+        matrices, flags = self._counts(both, int(mine) | 2 * (ahead is not None), train=True)
+        matrix, next_matrix = matrices[:, :p], matrices[:, p:]
+        if (flags & 1).all():
             got_slots = routed.got_slots
         else:
             if slots is None:
                 order, counts, slots = self._route(rows)
             got_slots, _ = self._send_ids(slots, counts, matrix, train=True)
-        self._routed = None
-        if self.plan.by_columns:
-            send = np.concatenate([grads[:, self._cols(j)].reshape(-1)
-                                   for j in range(self.group.size)])
-            got, _ = alltoallv(send, counts * self.widths, comm=self.group,
-                               matrix=matrix * self.widths[None, :])
-            got = got.reshape(len(got_slots), self.tables.dim)
-        else:
-            got, _ = alltoallv(grads[order], counts, comm=self.group, matrix=matrix)
-        self._account("grad_bytes_sent", 4 * self.widths, counts, train=True)
+        ride = ahead is not None and bool((flags & 2).all())
+        got, next_slots = self._send_grads(grads, order, counts, matrix,
+                                           (ahead, next_matrix) if ride else None)
+        if ride:
+            self._pending = _Routed(upcoming, ahead[0], ahead[1], next_slots, next_matrix)
         self.stats.min_bytes += self._minimum(counts)
         self.stats.pushes += 1
-        self.tables.push(got_slots, got, lr)
+        self.tables.push(got_slots, got.reshape(len(got_slots), self.tables.dim), lr)
 
     def finish_lookups(self) -> None:
         """Serve the other workers' pulls until every worker has called this (after an
@@ -264,13 +275,24 @@ class ShardedTables(EmbeddingStore):
 
     def _pull(self, rows: np.ndarray, active: int) -> np.ndarray | None:
         """One pull round; ``None`` when no worker is pulling any more (``active`` 0 on
-        all)."""
-        order, counts, slots = self._route(rows)
-        matrix, flags = self._counts(counts, active, train=self._training)
-        if not flags.any():
-            return None
-        got_slots, _ = self._send_ids(slots, counts, matrix, train=self._training)
-        self._routed = _Routed(rows, order, counts, got_slots) if self._training else None
+        all). A training pull whose ids rode with the last push only moves values."""
+        pending = self._pending if self._training else None
+        if pending is not None:
+            self._pending = None
+            if not np.array_equal(rows, pending.rows):  # every worker's ids rode ahead
+                raise RuntimeError("all-to-all store: a training pull of other rows than "
+                                   "its prefetch announced")
+            order, counts, matrix, got_slots = (pending.order, pending.counts,
+                                                pending.matrix, pending.got_slots)
+            self.stats.pulls_ahead += 1
+        else:
+            order, counts, slots = self._route(rows)
+            matrix, flags = self._counts(counts, active, train=self._training)
+            if not flags.any():
+                return None
+            got_slots, _ = self._send_ids(slots, counts, matrix, train=self._training)
+        if self._training:
+            self._routed = _Routed(rows, order, counts, got_slots, matrix)
         values = self.tables.pull(got_slots)
         r = self.group.rank
         asked = matrix[:, r]
@@ -292,6 +314,39 @@ class ShardedTables(EmbeddingStore):
         self.stats.pulls += active
         return out
 
+    def _send_grads(self, grads: np.ndarray, order: np.ndarray, counts: np.ndarray,
+                    matrix: np.ndarray, ahead: tuple[tuple[np.ndarray, ...], np.ndarray] | None
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        """Each owner's gradients (column-wise: each block's columns), and with ``ahead``
+        (the next pull's routing and count matrix) each owner's next ids behind them, in
+        one exchange of bytes; returns the gradients received (float32, flat) and the next
+        ids received as owner."""
+        p, r = self.group.size, self.group.rank
+        if self.plan.by_columns:
+            parts = [grads[:, self._cols(j)].reshape(-1) for j in range(p)]
+        else:
+            parts = np.split(grads[order], np.cumsum(counts)[:-1])
+        self._account("grad_bytes_sent", 4 * self.widths, counts, train=True)
+        if ahead is None:
+            got, _ = alltoallv(np.concatenate(parts).reshape(-1), counts * self.widths,
+                               comm=self.group, matrix=matrix * self.widths[None, :])
+            return got, np.empty(0, np.int64)
+        (_, next_counts, next_slots), next_matrix = ahead
+        self._account("id_bytes_sent", _ID, next_counts, train=True)
+        ids = np.split(next_slots, np.cumsum(next_counts)[:-1])
+        send = np.concatenate([np.concatenate([parts[j].reshape(-1).view(np.uint8),
+                                               ids[j].view(np.uint8)]) for j in range(p)])
+        grad_bytes, id_bytes = matrix[:, r] * 4 * self.widths[r], next_matrix[:, r] * _ID
+        got, _ = alltoallv(send, counts * 4 * self.widths + next_counts * _ID,
+                           comm=self.group,
+                           matrix=matrix * 4 * self.widths[None, :] + next_matrix * _ID)
+        starts = np.concatenate(([0], np.cumsum(grad_bytes + id_bytes)))
+        grads_in = [got[a:a + g] for a, g in zip(starts[:-1], grad_bytes, strict=True)]
+        ids_in = [got[a + g:b] for a, g, b in zip(starts[:-1], grad_bytes, starts[1:],
+                                                 strict=True)]
+        return (np.concatenate(grads_in).view(np.float32),
+                np.concatenate(ids_in).view(np.int64))
+
     def _route(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(order that groups ``rows`` by owner, rows per owner, their slots in that order);
         column-wise every row goes to every worker."""
@@ -309,11 +364,12 @@ class ShardedTables(EmbeddingStore):
         order = np.argsort(owner, kind="stable")
         return order, np.bincount(owner, minlength=p).astype(np.int64), slot[order]
 
-    def _counts(self, counts: np.ndarray, active: int, train: bool
+    def _counts(self, counts: np.ndarray, flag: int, train: bool
                 ) -> tuple[np.ndarray, np.ndarray]:
-        matrix, flags = exchange_counts(counts, self.group, active)
-        p = self.group.size
-        self._account("count_bytes_sent", _ID * (p + 1), np.ones(p, np.int64), train)
+        """Every worker's ``counts`` (rows: workers) and ``flag`` (``MPI_Allgather``)."""
+        matrix, flags = exchange_counts(counts, self.group, flag)
+        self._account("count_bytes_sent", _ID * (len(counts) + 1),
+                      np.ones(self.group.size, np.int64), train)
         return matrix, flags
 
     def _send_ids(self, slots: np.ndarray, counts: np.ndarray, matrix: np.ndarray,

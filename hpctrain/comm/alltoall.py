@@ -234,12 +234,13 @@ def choose_exchange(matrix: Matrix, layout: Layout, params: CostParams,
 
 def exchange_counts(counts: np.ndarray, group: Group, extra: int = 0
                     ) -> tuple[np.ndarray, np.ndarray]:
-    """Every rank's ``counts`` (``MPI_Allgather``): the ``p x p`` row-count matrix, and
-    each rank's ``extra`` (a small non-negative integer that rides along, e.g. a flag)."""
-    mine = np.empty(group.size + 1, np.int64)
+    """Every rank's ``counts`` (``MPI_Allgather``): the ``p x len(counts)`` row-count matrix
+    (``p x p`` for one exchange; a caller may send the counts of two), and each rank's
+    ``extra`` (a small non-negative integer that rides along, e.g. flags)."""
+    mine = np.empty(len(counts) + 1, np.int64)
     mine[:-1] = counts
     mine[-1] = extra
-    every = np.empty((group.size, group.size + 1), np.int64)
+    every = np.empty((group.size, len(mine)), np.int64)
     started = time.perf_counter()
     group.comm.Allgather(mine, every)
     group.link.library(started, mine.nbytes * group.size)

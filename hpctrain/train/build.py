@@ -95,6 +95,10 @@ class WorkerParts:
     group: Group | None
     """The workers' group the engine and store share, released by the trainer when done
     (None with tensor/pipeline parallelism, whose engine frees its own groups)."""
+    announce: bool = False
+    """Whether the trainer reads one micro-batch ahead and announces its rows to the store
+    (:meth:`~embeddings.types.EmbeddingStore.prefetch`): with ``ps.prefetch``, and for the
+    all-to-all store, whose next ids ride with the push."""
 
 
 def build_worker(config: JobConfig, topo: Topology, dataset: Dataset, layout: TableLayout,
@@ -147,7 +151,8 @@ def build_worker(config: JobConfig, topo: Topology, dataset: Dataset, layout: Ta
                        job.layout if job else layout, plan_json,
                        lambda: Counters(client.stats if client else None,
                                         tiered.report() if tiered else None), client,
-                       group)
+                       group, announce=isinstance(store, ShardedTables) or (
+                           job is not None and config.ps.prefetch))
 
 
 def _alltoall_plan(config: JobConfig, layout: TableLayout, group: Group) -> str:

@@ -2,8 +2,8 @@
 
 One step (``accumulate`` micro-batches per optimizer step), the same in every mode:
 
-1. each worker reads its slice of the global batch (prefetching the next micro-batch's rows
-   when the store is remote and ``ps.prefetch`` is on);
+1. each worker reads its slice of the global batch (announcing the next micro-batch's rows
+   to the store when it prefetches: ``ps.prefetch``, or all-to-all tables);
 2. the dense engine (:mod:`hpctrain.train.engine`) brings its parameters up to date, runs
    forward and backward with the batch's unique rows from the embedding store, and reduces
    the gradients with the step statistics (:mod:`hpctrain.train.stats`);
@@ -99,7 +99,7 @@ class Trainer:
         self.embeddings, self.guard = self.parts.tables, self.parts.guard
         if self.run and self.parts.plan_json:
             self.run.write_text("plan.json", self.parts.plan_json)
-        self.prefetch = job is not None and config.ps.prefetch
+        self.prefetch = self.parts.announce
         self.start_step = manifest.step if manifest is not None else 0
 
     # -- reading the state back (tests, tools) ---------------------------------------------

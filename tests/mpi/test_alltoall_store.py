@@ -51,6 +51,7 @@ def test_every_sharding_trains_like_replicated(tmp_path):
                 assert (tmp_path / f"{sharding}-{opt}" / "plan.json").exists()
             stats = store.stats
             assert stats.pushes == 4
+            assert stats.pulls_ahead == 3, what  # steps 2-4: their first pull's ids rode ahead
             # over all workers: at least the minimum; with one micro-batch a step the push
             # reuses its pull's ids (within 5%: the count matrices), with two it sends them
             sent, least = WORLD.allreduce(np.array([stats.train_bytes_sent, stats.min_bytes]))
