@@ -93,6 +93,18 @@ def test_zero_stages_sweep_is_five_seeds_of_each_stage_and_bucket_size_on_the_re
     assert len(jobs) == 30 and "#SBATCH --array=0-29" in (tmp_path / "slurm-2.sbatch").read_text()
 
 
+def test_embedding_layouts_sweep_puts_all_to_all_beside_replicated_on_the_reference_shape(
+        tmp_path):
+    main(["sweep", str(ROOT / "jobs" / "sweeps" / "embedding_layouts.toml"), "--out",
+          str(tmp_path)])
+    jobs = [load_config(t["job"]) for t in json.loads((tmp_path / "sweep.json").read_text())[
+        "tasks"]]
+    assert [j.embeddings.mode for j in jobs[:4]] == ["replicated", "alltoall"] * 2
+    assert {(j.embeddings.sharding, j.train.steps, j.runtime.threads, j.data.table_sizes[0])
+            for j in jobs} == {("table_wise", 600, 1, 100_000)}
+    assert len(jobs) == 10 and "#SBATCH --array=0-9" in (tmp_path / "slurm-2.sbatch").read_text()
+
+
 def test_slurm_array_task_runs_its_point_then_run_and_report_finish_the_sweep(tmp_path):
     sweep_file = tmp_path / "tiny.toml"
     sweep_file.write_text(TINY)
