@@ -1,8 +1,9 @@
 """Every worker holds every row; the plain data-parallel store.
 
-A push all-gathers the rows each worker touched and their gradients (never a dense table:
-only the rows the global batch touched travel), sums duplicates, and applies the same update
-on every worker, so the replicas stay identical without a broadcast.
+A push all-gathers the rows each worker touched with their gradients, in one message per
+worker (never a dense table: only the rows the global batch touched travel), sums
+duplicates, and applies the same update on every worker, so the replicas stay identical
+without a broadcast.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from embeddings.tables import LocalTables
+from embeddings.tables import LocalTables, pack_rows, unpack_rows
 from embeddings.types import EmbeddingStore, RowSink, RowSource
 from hpctrain.comm.native import allgatherv
 
@@ -30,9 +31,15 @@ class ReplicatedTables(EmbeddingStore):
         return self.tables.pull(rows)
 
     def push(self, rows: np.ndarray, grads: np.ndarray, lr: float) -> None:
-        """Two ``Allgatherv`` over ``comm`` (rows, then gradients), then a local update."""
-        self.bytes_sent += (self.comm.Get_size() - 1) * (rows.nbytes + grads.nbytes)
-        self.tables.push(allgatherv(rows, self.comm), allgatherv(grads, self.comm), lr)
+        """One ``Allgatherv`` over ``comm`` of every worker's rows with their gradients
+        (packed in one message, after the ``Allgather`` of the lengths), then a local
+        update. One worker pushes straight into its tables."""
+        if self.comm.Get_size() == 1:
+            self.tables.push(rows, grads, lr)
+            return
+        packed = pack_rows(rows, grads)
+        self.bytes_sent += (self.comm.Get_size() - 1) * packed.nbytes
+        self.tables.push(*unpack_rows(allgatherv(packed, self.comm)), lr)
 
     def save(self, out: RowSink) -> None:
         """Worker 0 writes every row (the replicas are identical)."""

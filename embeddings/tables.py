@@ -11,7 +11,7 @@ from embeddings.types import BackingStore, RowSink, RowSource, TableSpec
 from hpctrain.errors import EmbeddingError
 from hpctrain.runtime import rng
 
-__all__ = ["TableLayout", "init_rows", "LocalTables"]
+__all__ = ["TableLayout", "init_rows", "LocalTables", "pack_rows", "unpack_rows"]
 
 _INIT_BLOCK = 1 << 14
 
@@ -64,6 +64,21 @@ def init_rows(layout: TableLayout, rows: np.ndarray, seed: int) -> np.ndarray:
         layout.dim, dtype=np.uint64)
     values = (2.0 * rng.uniform(keys, seed) - 1.0) * scale[:, None]
     return values.astype(np.float32)
+
+
+def pack_rows(rows: np.ndarray, grads: np.ndarray) -> np.ndarray:
+    """Each row id (int64) and its float32 gradient as one line of ``dim + 2`` int32 words,
+    so rows and gradients travel in one message."""
+    packed = np.empty((len(rows), grads.shape[1] + 2), dtype=np.int32)
+    packed[:, :2] = np.ascontiguousarray(rows, dtype=np.int64).view(np.int32).reshape(-1, 2)
+    packed[:, 2:] = np.ascontiguousarray(grads, dtype=np.float32).view(np.int32)
+    return packed
+
+
+def unpack_rows(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The row ids and gradients of lines made by :func:`pack_rows`."""
+    return (np.ascontiguousarray(packed[:, :2]).view(np.int64).reshape(-1),
+            np.ascontiguousarray(packed[:, 2:]).view(np.float32))
 
 
 class LocalTables(BackingStore):

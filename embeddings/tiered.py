@@ -61,7 +61,7 @@ from embeddings.hotcold import HotSetPlanner, Retier, best, hot_row_bytes, merge
 from embeddings.hotsum import HotRider
 from embeddings.hottier import HotTier
 from embeddings.optim import SparseOptimizer, coalesce
-from embeddings.tables import TableLayout
+from embeddings.tables import TableLayout, pack_rows, unpack_rows
 from embeddings.types import BackingStore, EmbeddingStore, RowSink, RowSource
 from hpctrain.comm import Group, allreduce
 from hpctrain.comm.native import allgatherv
@@ -421,18 +421,14 @@ class TieredStore(EmbeddingStore):
             touched = np.flatnonzero(block[:, self.dim])
             into.apply(touched, np.ascontiguousarray(block[touched, : self.dim]), lr)
             return
-        # One message per worker: each slot's int64 and its float32 gradient as int32 words.
-        packed = np.empty((len(slots), self.dim + 2), dtype=np.int32)
-        packed[:, :2] = np.ascontiguousarray(slots, dtype=np.int64).view(np.int32).reshape(-1, 2)
-        packed[:, 2:] = np.ascontiguousarray(grads, dtype=np.float32).view(np.int32)
+        # One message per worker: each slot and its gradient as one line of int32 words.
+        packed = pack_rows(slots, grads)
         everyone = np.empty((total, self.dim + 2), dtype=np.int32)
         wait_all([self.comm.Iallgatherv(packed, [everyone, counts * (self.dim + 2)])],
                  Wait("allgather", self.comm))
         self.stats.sparse_syncs += 1
         self.stats.sync_bytes += (total - len(slots)) * (self.dim + 2) * 4
-        all_slots = np.ascontiguousarray(everyone[:, :2]).view(np.int64).reshape(-1)
-        into.apply(*coalesce(all_slots, np.ascontiguousarray(everyone[:, 2:]).view(np.float32)),
-                   lr)
+        into.apply(*coalesce(*unpack_rows(everyone)), lr)
 
     def _merge_counts(self) -> None:
         """``Allgatherv`` of every worker's (row, lookups, last step) since the last merge;
