@@ -165,8 +165,12 @@ class Channel:
     through the channel (they consume the companions).
     """
 
-    def __init__(self, comm: MPI.Intracomm, nodes: Sequence[int], net: Network | None) -> None:
+    def __init__(self, comm: MPI.Intracomm, nodes: Sequence[int], net: Network | None,
+                 yield_s: float = 0.0) -> None:
+        """``yield_s``: how long a wait yields its core before it sleeps
+        (:class:`~hpctrain.runtime.waits.Backoff`; 0 where ranks share cores)."""
         self.comm = comm
+        self.yield_s = yield_s
         self.nodes = list(nodes)
         self.node = self.nodes[comm.Get_rank()]
         self.net = net if net is not None and len(set(self.nodes)) > 1 else None
@@ -181,12 +185,13 @@ class Channel:
         self._lock = threading.Lock()
 
     @classmethod
-    def over(cls, comm: MPI.Intracomm, node: int, net: Network | None) -> Channel:
+    def over(cls, comm: MPI.Intracomm, node: int, net: Network | None,
+             yield_s: float = 0.0) -> Channel:
         """A channel whose ranks name their own ``node`` (``MPI_Allgather`` over ``comm``
         when emulating, nothing otherwise)."""
         if net is None or comm.Get_size() == 1:
-            return cls(comm, [node] * comm.Get_size(), None)
-        return cls(comm, comm.allgather(node), net)
+            return cls(comm, [node] * comm.Get_size(), None, yield_s)
+        return cls(comm, comm.allgather(node), net, yield_s)
 
     @property
     def emulating(self) -> bool:
@@ -267,7 +272,7 @@ class Channel:
         with self._lock:
             mine = [self._expected.pop(id(r)) for r in requests if id(r) in self._expected]
         everything = requests + [c for _, c, _ in mine]
-        backoff = Backoff()
+        backoff = Backoff(self.yield_s)
         with waiting(wait):
             while not MPI.Request.Testall(everything):
                 backoff.idle()

@@ -40,6 +40,7 @@ __all__ = ["Group"]
 
 _MIN_ARENA = 1 << 16
 _SPIN = 200  # flag polls (under a microsecond each) before a waiting rank yields its core
+_YIELD_S = 2e-3  # with a core per rank, a point-to-point wait yields this long, then sleeps
 
 
 def emulated_node_error(real_nodes: list[int], node_size: int) -> str | None:
@@ -92,8 +93,9 @@ class Group:
                 self.params, net=Link(network.latency_s, 1.0 / network.bandwidth))
         else:
             label = 0
-        self.link = Channel.over(self.comm, label, network)
-        self.cross_link = Channel.over(self.cross, label, network)
+        patience = 0.0 if self.layout.oversubscribed else _YIELD_S
+        self.link = Channel.over(self.comm, label, network, patience)
+        self.cross_link = Channel.over(self.cross, label, network, patience)
         self.plans: dict[tuple[Any, ...], Any] = {}  # distinct requests -> algorithm
         self.calls: dict[tuple[Any, ...], Any] = {}  # recent buffers -> prepared call
         self._arena: Window | None = None
