@@ -16,9 +16,11 @@ lazy Adam).
 Every pull and push is collective over the workers: one ``MPI_Allgather`` of the count
 matrix, then :func:`~hpctrain.comm.alltoall.alltoallv` (whose algorithm the cost model
 picks). A push of exactly the last training pull's rows (one micro-batch a step) sends no
-ids: the owners kept the pull's, in the order the gradients come. Training steps pull in
-lockstep; evaluation, where workers may make different numbers of lookups, ends with
-:meth:`finish_lookups`, which serves the others' remaining pulls.
+ids: the owners kept the pull's, in the order the gradients come. The next step's first
+pull, announced by :meth:`ShardedTables.prefetch`, is done inside the push: its ids travel
+with the gradients and its values come back once the owners have applied them. Training
+steps pull in lockstep; evaluation, where workers may make different numbers of lookups,
+ends with :meth:`finish_lookups`, which serves the others' remaining pulls.
 
 A checkpoint holds full rows with global ids (``shard-w{rank}.h5``, one part per worker),
 whatever the sharding: column-wise shards first trade their blocks so that each worker
@@ -56,7 +58,7 @@ class ExchangeStats:
 
     pulls: int = 0
     pushes: int = 0
-    pulls_ahead: int = 0  # training pulls whose ids rode with the push before them
+    pulls_ahead: int = 0  # training pulls done inside the push before them
     id_bytes_sent: int = 0
     value_bytes_sent: int = 0
     grad_bytes_sent: int = 0
@@ -84,6 +86,14 @@ class _Routed:
     counts: np.ndarray
     got_slots: np.ndarray
     matrix: np.ndarray
+
+
+@dataclass(frozen=True)
+class _Fetched:
+    """The next step's first pull, done ahead: its routing and the values it gets."""
+
+    routed: _Routed
+    values: np.ndarray
 
 
 class ColumnTables:
@@ -149,7 +159,7 @@ class ShardedTables(EmbeddingStore):
         self._training = False
         self._routed: _Routed | None = None  # the last training pull's, for its push
         self._next: np.ndarray | None = None  # the next step's first pull, announced
-        self._pending: _Routed | None = None  # that pull's routing, its ids sent ahead
+        self._fetched: _Fetched | None = None  # that pull, done inside the push
 
     # -- the protocol ----------------------------------------------------------------------
 
@@ -166,7 +176,8 @@ class ShardedTables(EmbeddingStore):
 
     def prefetch(self, rows: np.ndarray, ahead: int) -> None:
         """The next step's first pull asks for ``rows`` (``ahead`` 1): their ids ride to
-        their owners with this step's push, so that pull only moves values."""
+        their owners with this step's push, and the owners answer with the rows' values
+        once they have applied it, so that pull moves nothing."""
         if ahead == 1:
             self._next = np.asarray(rows, dtype=np.int64)
 
@@ -178,7 +189,9 @@ class ShardedTables(EmbeddingStore):
         those rows' ids in the order the gradients come, and no id is sent again; a
         worker whose rows differ (accumulated micro-batches, a withheld share) makes every
         worker send them. When every worker announced its next pull (:meth:`prefetch`),
-        those ids travel in the gradients' exchange."""
+        those ids travel in the gradients' exchange and their values come back as soon as
+        the owners have applied the gradients: the values that pull would read, since
+        nothing else writes rows between a push and the next training pull."""
         rows, grads = coalesce(rows, grads)
         routed, upcoming, self._routed, self._next = self._routed, self._next, None, None
         mine = routed is not None and np.array_equal(rows, routed.rows)
@@ -198,11 +211,12 @@ class ShardedTables(EmbeddingStore):
         ride = ahead is not None and bool((flags & 2).all())
         got, next_slots = self._send_grads(grads, order, counts, matrix,
                                            (ahead, next_matrix) if ride else None)
-        if ride:
-            self._pending = _Routed(upcoming, ahead[0], ahead[1], next_slots, next_matrix)
         self.stats.min_bytes += self._minimum(counts)
         self.stats.pushes += 1
         self.tables.push(got_slots, got.reshape(len(got_slots), self.tables.dim), lr)
+        if ride:
+            routed = _Routed(upcoming, ahead[0], ahead[1], next_slots, next_matrix)
+            self._fetched = _Fetched(routed, self._values(routed, train=True))
 
     def finish_lookups(self) -> None:
         """Serve the other workers' pulls until every worker has called this (after an
@@ -275,43 +289,47 @@ class ShardedTables(EmbeddingStore):
 
     def _pull(self, rows: np.ndarray, active: int) -> np.ndarray | None:
         """One pull round; ``None`` when no worker is pulling any more (``active`` 0 on
-        all). A training pull whose ids rode with the last push only moves values."""
-        pending = self._pending if self._training else None
-        if pending is not None:
-            self._pending = None
-            if not np.array_equal(rows, pending.rows):  # every worker's ids rode ahead
+        all). A training pull that the last push did ahead moves nothing."""
+        fetched = self._fetched if self._training else None
+        if fetched is not None:
+            self._fetched = None
+            if not np.array_equal(rows, fetched.routed.rows):  # every worker's rode ahead
                 raise RuntimeError("all-to-all store: a training pull of other rows than "
                                    "its prefetch announced")
-            order, counts, matrix, got_slots = (pending.order, pending.counts,
-                                                pending.matrix, pending.got_slots)
+            self._routed = fetched.routed
+            self.stats.pulls += 1
             self.stats.pulls_ahead += 1
-        else:
-            order, counts, slots = self._route(rows)
-            matrix, flags = self._counts(counts, active, train=self._training)
-            if not flags.any():
-                return None
-            got_slots, _ = self._send_ids(slots, counts, matrix, train=self._training)
+            return fetched.values
+        order, counts, slots = self._route(rows)
+        matrix, flags = self._counts(counts, active, train=self._training)
+        if not flags.any():
+            return None
+        got_slots, _ = self._send_ids(slots, counts, matrix, train=self._training)
+        routed = _Routed(rows, order, counts, got_slots, matrix)
         if self._training:
-            self._routed = _Routed(rows, order, counts, got_slots, matrix)
-        values = self.tables.pull(got_slots)
-        r = self.group.rank
+            self._routed = routed
+        self.stats.pulls += active
+        return self._values(routed, self._training)
+
+    def _values(self, routed: _Routed, train: bool) -> np.ndarray:
+        """Values of ``routed.rows``: every owner sends those it was asked for (one
+        ``alltoallv``; column-wise each sends its columns, concatenated here)."""
+        values = self.tables.pull(routed.got_slots)
+        r, n, matrix = self.group.rank, len(routed.rows), routed.matrix
         asked = matrix[:, r]
-        out = np.empty((len(rows), self.dim), np.float32)
+        out = np.empty((n, self.dim), np.float32)
         if self.plan.by_columns:
             reply, _ = alltoallv(values.reshape(-1), asked * self.widths[r], comm=self.group,
                                  matrix=matrix.T * self.widths[:, None])
             start = 0
             for j in range(self.group.size):
                 width = int(self.widths[j])
-                out[:, self._cols(j)] = reply[start:start + len(rows) * width].reshape(
-                    len(rows), width)
-                start += len(rows) * width
+                out[:, self._cols(j)] = reply[start:start + n * width].reshape(n, width)
+                start += n * width
         else:
             reply, _ = alltoallv(values, asked, comm=self.group, matrix=matrix.T)
-            out[order] = reply
-        self._account("value_bytes_sent", 4 * int(self.widths[r]), asked,
-                      train=self._training)
-        self.stats.pulls += active
+            out[routed.order] = reply
+        self._account("value_bytes_sent", 4 * int(self.widths[r]), asked, train)
         return out
 
     def _send_grads(self, grads: np.ndarray, order: np.ndarray, counts: np.ndarray,
