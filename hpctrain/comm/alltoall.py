@@ -25,6 +25,7 @@ cost depends on the count matrix, not on one buffer size.
 
 from __future__ import annotations
 
+import math
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -54,6 +55,7 @@ class Matrix:
     so it must cost a microsecond or two, not tens of them)."""
 
     bytes: np.ndarray
+    rank: int = 0  # whose segments :attr:`segments` gives
 
     @property
     def size(self) -> int:
@@ -69,23 +71,31 @@ class Matrix:
         return int(self.off_diagonal().sum())
 
     @cached_property
-    def maxima(self) -> tuple[int, int, int, int]:
+    def maxima(self) -> tuple[int, int, int, int, int]:
         """(bytes the busiest rank sends plus receives, its own segment counted both ways;
         bytes the busiest rank sends or receives to or from other ranks; the largest segment
         a rank sends itself; the sum over pairwise rounds ``k = 1 .. p-1`` of the round's
-        largest message, rank ``r`` to ``(r + k) % p``)."""
+        largest message, rank ``r`` to ``(r + k) % p``; the most one rank sends)."""
         return _maxima(np.ascontiguousarray(self.bytes, dtype=np.int64))
+
+    @cached_property
+    def segments(self) -> tuple[np.ndarray, ...]:
+        """For :attr:`rank`: the offsets of its send and receive segments (``p + 1`` each,
+        in bytes, rank order), their lengths (``p`` each), and where its segment starts
+        inside each sender's row (``p``)."""
+        return _segments(np.ascontiguousarray(self.bytes, dtype=np.int64), self.rank)
 
 
 @numba.njit(cache=True)
 def _maxima(m):  # one pass in numba: numpy's reductions cost microseconds each at p = 2-8
     p = m.shape[0]
-    through = across = kept = rounds = 0
+    through = across = kept = rounds = most = 0
     for r in range(p):
         sent = received = 0
         for j in range(p):
             sent += m[r, j]
             received += m[j, r]
+        most = max(most, sent)
         through = max(through, sent + received)
         across = max(across, sent - m[r, r], received - m[r, r])
         kept = max(kept, m[r, r])
@@ -94,7 +104,20 @@ def _maxima(m):  # one pass in numba: numpy's reductions cost microseconds each 
         for r in range(p):
             largest = max(largest, m[r, (r + k) % p])
         rounds += largest
-    return through, across, kept, rounds
+    return through, across, kept, rounds, most
+
+
+@numba.njit(cache=True)
+def _segments(m, rank):  # one numba call instead of a handful of numpy ones per exchange
+    p = m.shape[0]
+    sent, received = np.zeros(p + 1, np.int64), np.zeros(p + 1, np.int64)
+    starts = np.zeros(p, np.int64)
+    for j in range(p):
+        sent[j + 1] = sent[j] + m[rank, j]
+        received[j + 1] = received[j] + m[j, rank]
+        for k in range(rank):
+            starts[j] += m[j, k]
+    return sent, received, m[rank].copy(), m[:, rank].copy(), starts
 
 
 class Exchange(ABC):
@@ -115,10 +138,6 @@ class Exchange(ABC):
         order with lengths ``matrix.bytes[rank, :]`` and ``matrix.bytes[:, rank]``."""
 
 
-def _offsets(lengths: np.ndarray) -> np.ndarray:
-    return np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
-
-
 def _latency(alpha: float, layout: Layout, params: CostParams) -> float:
     return alpha * (params.oversubscribed if layout.oversubscribed else 1.0)
 
@@ -132,14 +151,14 @@ class Pairwise(Exchange):
     def cost(self, matrix: Matrix, layout: Layout, params: CostParams) -> Cost:
         link: Link = params.net if layout.nodes > 1 else params.p2p
         latency = _latency(link.alpha, layout, params) * (matrix.size - 1)
-        _, _, kept, rounds = matrix.maxima
+        _, _, kept, rounds, _ = matrix.maxima
         transfer = link.beta * rounds
         copy = params.shm.beta * kept
         return Cost(latency_s=latency, transfer_s=transfer + copy)
 
     def run(self, send: np.ndarray, out: np.ndarray, matrix: Matrix, group: Group) -> None:
         comm, p, r = group.link, group.size, group.rank
-        so, ro = _offsets(matrix.bytes[r]), _offsets(matrix.bytes[:, r])
+        so, ro, *_ = matrix.segments
         out[ro[r]:ro[r + 1]] = send[so[r]:so[r + 1]]
         for k in range(1, p):
             dst, src = (r + k) % p, (r - k) % p
@@ -166,17 +185,16 @@ class SharedMemory(Exchange):
 
     def run(self, send: np.ndarray, out: np.ndarray, matrix: Matrix, group: Group) -> None:
         r, p = group.rank, group.size
-        arena = group.arena(int(matrix.bytes.sum(axis=1).max()))
+        so, ro, _, _, starts = matrix.segments
+        arena = group.arena(matrix.maxima[4])
         half = arena.next_half()
         arena.row(r, half, np.dtype(np.uint8), send.size)[:] = send
         arena.sync()
-        ro = _offsets(matrix.bytes[:, r])
         for k in range(p):
-            start = int(matrix.bytes[k, :r].sum())
-            n = int(matrix.bytes[k, r])
+            n = ro[k + 1] - ro[k]
             if n:
                 out[ro[k]:ro[k + 1]] = arena.row(k, half, np.dtype(np.uint8),
-                                                 start + n)[start:]
+                                                 starts[k] + n)[starts[k]:]
 
 
 class NativeAlltoallv(Exchange):
@@ -194,13 +212,12 @@ class NativeAlltoallv(Exchange):
                     transfer_s=beta * matrix.maxima[1])
 
     def run(self, send: np.ndarray, out: np.ndarray, matrix: Matrix, group: Group) -> None:
-        r = group.rank
-        sc, rc = matrix.bytes[r], matrix.bytes[:, r]
+        so, ro, sc, rc, _ = matrix.segments
         started = time.perf_counter()
-        group.comm.Alltoallv([send, sc, _offsets(sc)[:-1], MPI.BYTE],
-                             [out, rc, _offsets(rc)[:-1], MPI.BYTE])
-        group.link.library(started, _busiest_across(matrix, group.link.nodes),
-                           matrix.size - 1)
+        group.comm.Alltoallv([send, sc, so[:-1], MPI.BYTE], [out, rc, ro[:-1], MPI.BYTE])
+        if group.link.emulating:
+            group.link.library(started, _busiest_across(matrix, group.link.nodes),
+                               matrix.size - 1)
 
 
 def _busiest_across(matrix: Matrix, nodes: list[int]) -> float:
@@ -255,19 +272,20 @@ def alltoallv(send: np.ndarray, counts: np.ndarray, *, comm: Group, algorithm: s
     group = comm
     send = np.ascontiguousarray(send)
     counts = np.asarray(counts, dtype=np.int64)
-    if len(counts) != group.size or int(counts.sum()) != len(send) or (counts < 0).any():
+    listed = counts.tolist()  # a Python list: faster than numpy's reductions for p values
+    if len(listed) != group.size or min(listed, default=0) < 0 or sum(listed) != len(send):
         raise CommError(f"alltoallv: rank {group.rank} passed {len(counts)} counts summing "
                         f"to {int(counts.sum())} for {len(send)} rows; need {group.size} "
                         f"non-negative counts summing to the rows")
     if matrix is None:
         matrix = exchange_counts(counts, group)[0]
     recv = matrix[:, group.rank].copy()
-    row = send.dtype.itemsize * int(np.prod(send.shape[1:], dtype=np.int64))
+    row = send.itemsize * math.prod(send.shape[1:])
+    m = Matrix(matrix * row, group.rank)
     out = np.empty((int(recv.sum()), *send.shape[1:]), dtype=send.dtype)
     if group.size == 1:
         out[:] = send
         return out, recv
-    m = Matrix(matrix * row)
     algo = choose_exchange(m, group.layout, group.params, algorithm)
     algo.run(send.reshape(-1).view(np.uint8), out.reshape(-1).view(np.uint8), m, group)
     return out, recv

@@ -44,7 +44,8 @@ def prepare_kernels(optimizers: Sequence[SparseOptimizer], tiering: bool) -> tup
         kernels.reduce_pair(own, flat[:4], kernels.SUM, kernels.ARITH)
         for mode in (0, 1, 2):
             kernels.reduce_slice(flat, 4, 2, 0, own, 0, 4, mode, kernels.SUM, kernels.ARITH)
-    alltoall.Matrix(np.ones((2, 2), np.int64)).maxima  # noqa: B018 - compiles the selector's pass
+    exchange = alltoall.Matrix(np.ones((2, 2), np.int64))
+    exchange.maxima, exchange.segments  # noqa: B018 - compile the all-to-all's passes
     if tiering:
         sketch = freq.CountMinSketch(64, 2, seed=0)
         sketch.add(rows, np.ones(3, np.float32))
