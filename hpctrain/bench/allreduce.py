@@ -131,9 +131,12 @@ def memory_bound_s(comm: MPI.Intracomm, size: int) -> float:
 
 
 def time_collective(comm: MPI.Intracomm, fn: Callable[[], object], calls: int) -> float:
-    """Seconds per call of ``fn`` on the slowest rank (``MPI_Barrier``, ``calls`` back to
-    back, then a max-``allreduce`` of the times)."""
+    """Seconds per call of ``fn`` on the slowest rank (``MPI_Barrier``, one untimed call,
+    ``calls`` back to back, then a max-``allreduce`` of the times). The untimed call aligns
+    the ranks: they leave a barrier microseconds to milliseconds apart, and the first call
+    would wait that out."""
     comm.Barrier()
+    fn()
     t0 = time.perf_counter()
     for _ in range(calls):
         fn()

@@ -13,7 +13,12 @@ dearest per byte is kept), so the model holds at both ends of the size range:
   core's copy time per byte into the window;
 - ``gamma``: the reduction kernel's time per byte (into the window);
 - ``native`` and ``torch``: ``MPI_Allreduce`` and gloo's allreduce, as
-  ``alpha * ceil(log2 p) + beta * 2 (p-1)/p * bytes``.
+  ``alpha * ceil(log2 p) + beta * 2 (p-1)/p * bytes``;
+- ``exchange_shm``, ``exchange_p2p``, ``exchange_native``: the all-to-all's exchanges,
+  each timed whole through :func:`~hpctrain.comm.alltoall.alltoallv` on totals of 8 bytes
+  and 64-256 KiB split evenly over the ranks, against the bytes its cost counts (the
+  shared-memory and pairwise ones on one node only); larger exchanges are priced from the
+  memory-bound links above.
 
 Calibrated on an oversubscribed node, the latencies already include the waiting for
 descheduled ranks, so ``oversubscribed`` is written as 1 (no further scaling). The fit of
@@ -31,6 +36,7 @@ from mpi4py import MPI
 
 from hpctrain.bench.allreduce import time_collective
 from hpctrain.comm import kernels, torchdist
+from hpctrain.comm.alltoall import Matrix, alltoallv, exchange_counts
 from hpctrain.comm.calibration import fit, write_params
 from hpctrain.comm.collectives import allreduce
 from hpctrain.comm.group import Group
@@ -42,6 +48,7 @@ __all__ = ["calibrate", "run_calibrate"]
 _REPS = 7
 _LARGE = 16 << 20
 _SIZES = (256 << 10, 2 << 20, _LARGE)
+_MID_SIZES = (64 << 10, 256 << 10)
 
 
 def _best(comm: MPI.Intracomm, fn: Callable[[], object], calls: int) -> float:
@@ -101,11 +108,44 @@ def calibrate(group: Group) -> CostParams:
         if torchdist.available("gloo"):
             torch_link = fit(allreduce_point(8, "torch"),
                              [allreduce_point(n, "torch") for n in _SIZES[:2]], layout.log2)
+    exchanges = _exchanges(group) if p > 1 else {}
     params = CostParams(p2p=p2p, net=net, shm=Link(max(sync, 1e-8), copy), gamma=gamma,
-                        native=native, torch=torch_link,
+                        native=native, torch=torch_link, **exchanges,
                         oversubscribed=1.0 if layout.oversubscribed else defaults.oversubscribed,
                         source="calibrated")
     return comm.bcast(params, root=0)
+
+
+def _exchanges(group: Group) -> dict[str, Link]:
+    """The all-to-all's exchange links for small and mid-size exchanges: ``alpha`` from 8
+    bytes to every rank, ``beta`` from 64-256 KiB totals (collective over ``group``; large
+    ones follow the memory-bound links)."""
+    p, one_node = group.size, group.layout.nodes == 1
+    counted = {"exchange_native": ("native", lambda m: m.maxima[1], p - 1)}
+    if one_node:
+        counted["exchange_shm"] = ("shm", lambda m: m.maxima[0], 1)
+        counted["exchange_p2p"] = ("pairwise", lambda m: m.maxima[3] + m.maxima[2], p - 1)
+    links = {}
+    for field, (algorithm, counts_bytes, latencies) in counted.items():
+        points = [_alltoall_point(group, algorithm, total, counts_bytes)
+                  for total in (8 * p, *_MID_SIZES)]
+        links[field] = fit(points[0], points[1:], latencies)
+    return links
+
+
+def _alltoall_point(group: Group, algorithm: str, total: int,
+                    counts_bytes: Callable[[Matrix], int]) -> tuple[float, float]:
+    """(the bytes the exchange's cost counts, seconds) of ``alltoallv`` with ``algorithm``
+    sending ``total`` bytes from every rank, split evenly."""
+    counts = np.full(group.size, max(total // (4 * group.size), 1), np.int64)
+    send = np.ones(int(counts.sum()), np.float32)
+    matrix = exchange_counts(counts, group)[0]
+
+    def exchange() -> None:
+        alltoallv(send, counts, comm=group, algorithm=algorithm, matrix=matrix)
+    exchange()
+    return counts_bytes(Matrix(matrix * 4, group.rank)), _best(group.comm, exchange,
+                                                               _calls(total))
 
 
 def run_calibrate(group: Group, path: str, echo: Callable[[str], None]) -> CostParams:

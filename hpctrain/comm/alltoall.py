@@ -36,7 +36,6 @@ import numba
 import numpy as np
 from mpi4py import MPI
 
-from hpctrain.comm.shm import sync_cost
 from hpctrain.comm.types import Cost, CostParams, Layout, Link
 from hpctrain.errors import CommError
 from hpctrain.runtime.waits import Wait
@@ -142,6 +141,14 @@ def _latency(alpha: float, layout: Layout, params: CostParams) -> float:
     return alpha * (params.oversubscribed if layout.oversubscribed else 1.0)
 
 
+def _dearer(a: Cost, b: Cost) -> Cost:
+    """The larger of two predictions. Each exchange has two lines: one fitted on small and
+    mid-size exchanges timed whole (``exchange_*``: Python's share, cache-resident copies)
+    and one from the links' memory-bound rates (large exchanges); the larger holds at every
+    size, so a line need not fit both ends."""
+    return a if a.seconds >= b.seconds else b
+
+
 class Pairwise(Exchange):
     """``p - 1`` rounds of ``Isend``/``Irecv`` pairs; round ``k`` pairs ``r`` with
     ``r +- k``. A round takes as long as its largest message."""
@@ -149,12 +156,16 @@ class Pairwise(Exchange):
     name = "pairwise"
 
     def cost(self, matrix: Matrix, layout: Layout, params: CostParams) -> Cost:
-        link: Link = params.net if layout.nodes > 1 else params.p2p
-        latency = _latency(link.alpha, layout, params) * (matrix.size - 1)
         _, _, kept, rounds, _ = matrix.maxima
-        transfer = link.beta * rounds
-        copy = params.shm.beta * kept
-        return Cost(latency_s=latency, transfer_s=transfer + copy)
+        peers = matrix.size - 1
+        link = params.net if layout.nodes > 1 else params.p2p
+        far = Cost(latency_s=_latency(link.alpha, layout, params) * peers,
+                   transfer_s=link.beta * rounds + params.shm.beta * kept)
+        if layout.nodes > 1:
+            return far
+        near = params.exchange_p2p
+        return _dearer(far, Cost(latency_s=_latency(near.alpha, layout, params) * peers,
+                                 transfer_s=near.beta * (rounds + kept)))
 
     def run(self, send: np.ndarray, out: np.ndarray, matrix: Matrix, group: Group) -> None:
         comm, p, r = group.link, group.size, group.rank
@@ -180,8 +191,11 @@ class SharedMemory(Exchange):
         return layout.nodes == 1
 
     def cost(self, matrix: Matrix, layout: Layout, params: CostParams) -> Cost:
-        return Cost(latency_s=sync_cost(layout, params),
-                    transfer_s=params.shm.beta * matrix.maxima[0])
+        near, through = params.exchange_shm, matrix.maxima[0]
+        return _dearer(Cost(latency_s=_latency(params.shm.alpha, layout, params),
+                            transfer_s=params.shm.beta * through),
+                       Cost(latency_s=_latency(near.alpha, layout, params),
+                            transfer_s=near.beta * through))
 
     def run(self, send: np.ndarray, out: np.ndarray, matrix: Matrix, group: Group) -> None:
         r, p = group.rank, group.size
@@ -198,18 +212,20 @@ class SharedMemory(Exchange):
 
 
 class NativeAlltoallv(Exchange):
-    """``MPI_Alltoallv`` over ``group.comm``, fitted like the library's other collectives:
-    ``alpha`` per peer plus ``beta`` per byte of the busiest rank."""
+    """``MPI_Alltoallv`` over ``group.comm``: ``alpha`` per peer plus ``beta`` per byte of
+    the busiest rank."""
 
     name = "native"
 
     def cost(self, matrix: Matrix, layout: Layout, params: CostParams) -> Cost:
-        link = params.native
-        alpha, beta = link.alpha, link.beta
+        peers, across = matrix.size - 1, matrix.maxima[1]
+        far, near = params.native, params.exchange_native
         if layout.nodes > 1:
-            alpha, beta = max(alpha, params.net.alpha), max(beta, params.net.beta)
-        return Cost(latency_s=_latency(alpha, layout, params) * (matrix.size - 1),
-                    transfer_s=beta * matrix.maxima[1])
+            far = Link(max(far.alpha, params.net.alpha), max(far.beta, params.net.beta))
+        return _dearer(Cost(latency_s=_latency(far.alpha, layout, params) * peers,
+                            transfer_s=far.beta * across),
+                       Cost(latency_s=_latency(near.alpha, layout, params) * peers,
+                            transfer_s=near.beta * across))
 
     def run(self, send: np.ndarray, out: np.ndarray, matrix: Matrix, group: Group) -> None:
         so, ro, sc, rc, _ = matrix.segments
@@ -249,6 +265,19 @@ def choose_exchange(matrix: Matrix, layout: Layout, params: CostParams,
     return min(options, key=lambda e: e.cost(matrix, layout, params).seconds)
 
 
+def _chosen(matrix: Matrix, group: Group, algorithm: str) -> Exchange:
+    """:func:`choose_exchange`, for ``auto`` remembered per size class (each maximum's power
+    of two) in ``group.plans``: pricing the exchanges costs about as much as a small exchange
+    itself. Every rank sees the same matrices in the same order, so all remember alike."""
+    if algorithm != "auto":
+        return choose_exchange(matrix, group.layout, group.params, algorithm)
+    key = ("alltoallv", *(v.bit_length() for v in matrix.maxima[:4]))
+    chosen = group.plans.get(key)
+    if chosen is None:
+        chosen = group.plans[key] = choose_exchange(matrix, group.layout, group.params)
+    return chosen
+
+
 def exchange_counts(counts: np.ndarray, group: Group, extra: int = 0
                     ) -> tuple[np.ndarray, np.ndarray]:
     """Every rank's ``counts`` (``MPI_Allgather``): the ``p x len(counts)`` row-count matrix
@@ -286,6 +315,6 @@ def alltoallv(send: np.ndarray, counts: np.ndarray, *, comm: Group, algorithm: s
     if group.size == 1:
         out[:] = send
         return out, recv
-    algo = choose_exchange(m, group.layout, group.params, algorithm)
+    algo = _chosen(m, group, algorithm)
     algo.run(send.reshape(-1).view(np.uint8), out.reshape(-1).view(np.uint8), m, group)
     return out, recv

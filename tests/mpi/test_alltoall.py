@@ -70,3 +70,18 @@ def test_selector_prefers_shared_memory_inside_a_node_and_needs_it_there():
                                                                        params)
     assert cost.transfer_s == pytest.approx(params.net.beta * 1000)
     assert cost.latency_s == pytest.approx(3 * params.net.alpha)
+
+
+def test_exchange_costs_take_the_dearer_of_a_fitted_line_and_the_memory_bound_one():
+    params = CostParams()
+    one = Layout(size=2, rank=0, local_size=2, local_rank=0, nodes=1, uniform=True)
+    small = Matrix(np.full((2, 2), 1 << 10, np.int64))
+    large = Matrix(np.full((2, 2), 8 << 20, np.int64))
+    shm = choose_exchange(small, one, params, "shm")
+    near, far = params.exchange_shm, params.shm  # through the busiest rank: 4 segments
+    assert shm.cost(small, one, params).seconds == pytest.approx(near.alpha + near.beta * 4096)
+    assert shm.cost(large, one, params).seconds == pytest.approx(far.alpha +
+                                                                 far.beta * 4 * (8 << 20))
+    # the shared-memory exchange for small ones, single-copy point-to-point for large ones
+    assert choose_exchange(small, one, params).name == "shm"
+    assert choose_exchange(large, one, params).name == "pairwise"

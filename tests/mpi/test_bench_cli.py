@@ -15,8 +15,10 @@ def test_calibrate_then_bench_with_json_and_plot(tmp_path):
                      timeout=240)
     assert result.returncode == 0, result.stdout
     params = json.loads(cal.read_text())["params"]
-    assert {"p2p", "shm", "gamma", "native", "torch"} <= set(params)
-    assert all(params[k]["alpha"] > 0 and params[k]["beta"] > 0 for k in ("p2p", "native"))
+    exchanges = ("exchange_shm", "exchange_p2p", "exchange_native")
+    assert {"p2p", "shm", "gamma", "native", "torch", *exchanges} <= set(params)
+    assert all(params[k]["alpha"] > 0 and params[k]["beta"] > 0
+               for k in ("p2p", "native", *exchanges))
 
     out, png = tmp_path / "rows.json", tmp_path / "busbw.png"
     result = run_mpi([*HPCTRAIN, "bench", "allreduce", "--sizes", "4KiB,256KiB", "--reps", "2",
