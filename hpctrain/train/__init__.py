@@ -27,7 +27,8 @@ it (``update``) and the store takes the touched rows' gradients (``push``). Per 
   averaged every H steps.
 - all-to-all: as replicated, but each worker owns a shard of the rows
   (``ShardedTables``, planned on worker 0); lookups and pushes are ``alltoallv`` exchanges
-  with the rows' owners, which apply the sparse optimizer.
+  with the rows' owners, which apply the sparse optimizer; the trainer announces each
+  step's next micro-batch, whose lookup then rides in the push.
 - PS hybrid: as replicated, but the rows live on the servers behind ``PSClient``, which
   prefetches the next micro-batch's rows and pushes the gradients to their shards.
 - PS full: the dense parameters are one more table on the servers; ``ServerDense`` pulls
