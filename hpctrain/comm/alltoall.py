@@ -18,6 +18,11 @@ Under ``comm.emulate`` the pairwise messages go through the group's
 :class:`~hpctrain.comm.emulate.Channel`; after ``MPI_Alltoallv`` (and the counts'
 ``MPI_Allgather``) each rank waits the emulated time of the busiest node's bytes across nodes.
 
+Each cost is the dearer of two alpha-beta lines: one fitted on whole small and mid-size
+exchanges (``exchange_*`` in :class:`~hpctrain.comm.types.CostParams`, Python's share
+included) and one from the memory-bound links; ``auto``'s choice is remembered per size
+class.
+
 A second module beside the in-place :class:`~hpctrain.comm.types.Algorithm` families
 because an exchange has a different shape: its input and output differ in length and its
 cost depends on the count matrix, not on one buffer size.
@@ -212,8 +217,8 @@ class SharedMemory(Exchange):
 
 
 class NativeAlltoallv(Exchange):
-    """``MPI_Alltoallv`` over ``group.comm``: ``alpha`` per peer plus ``beta`` per byte of
-    the busiest rank."""
+    """``MPI_Alltoallv`` over ``group.comm``: ``alpha`` per peer plus ``beta`` per byte to or
+    from the busiest rank (the dearer of its fitted line and the library allreduce's)."""
 
     name = "native"
 
