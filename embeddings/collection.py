@@ -10,13 +10,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 import torch
 
 from embeddings.tables import TableLayout
 from embeddings.types import EmbeddingStore
 
-__all__ = ["EmbeddingCollection", "Lookup"]
+__all__ = ["EmbeddingCollection", "Lookup", "unique_rows"]
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: 2^64 / the golden ratio
+_BITS = 11  # radix sort digit: 2048 buckets stay in L1
+_RADIX = 1 << _BITS
 
 
 @dataclass
@@ -66,10 +71,8 @@ class EmbeddingCollection:
         share one sort)."""
         if self._last is not None and self._last[0] is ids:
             return self._last[1:]
-        rows = torch.from_numpy(self.layout.global_rows(ids))
-        unique, inverse, counts = torch.unique(rows.view(-1), return_inverse=True,
-                                               return_counts=True)
-        self._last = (ids, unique.numpy(), inverse, counts.numpy())
+        unique, inverse, counts = unique_rows(self.layout.global_rows(ids).reshape(-1))
+        self._last = (ids, unique, torch.from_numpy(inverse), counts)
         return self._last[1:]
 
     def gradients(self, lookups: list[Lookup], scale: float) -> tuple[np.ndarray, np.ndarray]:
@@ -82,3 +85,68 @@ class EmbeddingCollection:
         if scale != 1.0:
             grads *= np.float32(scale)
         return rows, grads
+
+
+def unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Sorted unique ``rows`` (non-negative int64), each row's index among them, and each
+    unique row's count, as ``torch.unique(..., return_inverse=True, return_counts=True)``
+    gives them, in numba: one pass through a hash table, then a radix sort of the unique
+    rows only (under half of torch's time for a DLRM batch, which sorts every id)."""
+    return _unique_rows(np.ascontiguousarray(rows, dtype=np.int64))
+
+
+@numba.njit(cache=True)
+def _unique_rows(rows):
+    n = rows.size
+    bits = 1
+    while (1 << bits) < 2 * n:
+        bits += 1
+    mask, shift = (1 << bits) - 1, np.uint64(64 - bits)
+    keys = np.full(1 << bits, -1, np.int64)
+    index = np.empty(1 << bits, np.int64)
+    first = np.empty(n, np.int64)
+    seen = np.zeros(n, np.int64)
+    local = np.empty(n, np.int64)
+    found = 0
+    for i in range(n):  # the distinct rows in order of first sight, and each one's count
+        row = rows[i]
+        h = np.int64((np.uint64(row) * _GOLDEN) >> shift)
+        while keys[h] != row and keys[h] != -1:
+            h = (h + 1) & mask
+        if keys[h] == -1:
+            keys[h], index[h], first[found] = row, found, row
+            found += 1
+        j = index[h]
+        seen[j] += 1
+        local[i] = j
+    order = _radix_order(first[:found])
+    rank = np.empty(found, np.int64)
+    for k in range(found):
+        rank[order[k]] = k
+    inverse = np.empty(n, np.int64)
+    for i in range(n):
+        inverse[i] = rank[local[i]]
+    return first[:found][order], inverse, seen[:found][order]
+
+
+@numba.njit(cache=True)
+def _radix_order(values):  # the permutation that sorts non-negative int64 values
+    n, biggest = values.size, 0
+    for v in values:
+        biggest = max(biggest, v)
+    order, spare = np.arange(n), np.empty(n, np.int64)
+    counts = np.empty(_RADIX + 1, np.int64)
+    shift = 0
+    while shift == 0 or (biggest >> shift) > 0:  # 11 bits a pass, least significant first
+        counts[:] = 0
+        for i in range(n):
+            counts[((values[order[i]] >> shift) & (_RADIX - 1)) + 1] += 1
+        for d in range(_RADIX):
+            counts[d + 1] += counts[d]
+        for i in range(n):
+            d = (values[order[i]] >> shift) & (_RADIX - 1)
+            spare[counts[d]] = order[i]
+            counts[d] += 1
+        order, spare = spare, order
+        shift += _BITS
+    return order

@@ -1,7 +1,8 @@
 """The numba kernels a training step runs, made ready before the first step, with a log line.
 
-On a machine's first run numba compiles the sparse optimizers, the gradient coalescing, the
-reduction kernels, the frequency sketch and the hot-gradient records' sum (``cache=True``:
+On a machine's first run numba compiles the lookups' unique rows, the sparse optimizers, the
+gradient coalescing, the reduction kernels, the all-to-all's count passes, the frequency
+sketch and the hot-gradient records' sum (``cache=True``:
 later runs load them from ``__pycache__``); compiling inside the first step left the
 progress bar at step 1 for seconds with no word why. :func:`prepare_kernels` runs each
 kernel once on a few elements, through the same entry points and argument types as the step,
@@ -17,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from embeddings import freq, hotsum
+from embeddings import collection, freq, hotsum
 from embeddings.optim import SparseOptimizer, coalesce
 from hpctrain.comm import alltoall, kernels
 
@@ -35,6 +36,7 @@ def prepare_kernels(optimizers: Sequence[SparseOptimizer], tiering: bool) -> tup
              "from numba's cache)")
     start = time.perf_counter()
     rows, grads = np.array([2, 0, 2], np.int64), np.ones((3, 4), np.float32)
+    collection.unique_rows(rows)
     unique, summed = coalesce(rows, grads)
     for sparse in optimizers:
         weight = np.zeros((3, 4), np.float32)
@@ -66,6 +68,7 @@ def _dispatchers(tiering: bool) -> list:
     from embeddings import optim
 
     found = [getattr(module, name)
-             for module in (optim, kernels, alltoall, *((freq, hotsum) if tiering else ()))
+             for module in (optim, kernels, alltoall, collection,
+                            *((freq, hotsum) if tiering else ()))
              for name in dir(module)]
     return [d for d in found if hasattr(d, "stats") and hasattr(d.stats, "cache_misses")]

@@ -1,8 +1,10 @@
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
-from embeddings.collection import EmbeddingCollection
+from embeddings.collection import EmbeddingCollection, unique_rows
 from embeddings.optim import SparseOptimizer, coalesce
 from embeddings.tables import LocalTables, TableLayout, init_rows
 from hpctrain.errors import EmbeddingError
@@ -122,3 +124,12 @@ def test_local_tables_hand_rows_out_and_back_with_their_state():
     np.testing.assert_array_equal(other.state, tables.state)
     with pytest.raises(ValueError, match=r"block of \[1, 5\]"):
         other.write(np.array([1]), block)
+
+
+@given(st.lists(st.integers(0, 2**62), max_size=300), st.integers(1, 1 << 40))
+def test_unique_rows_give_what_torch_unique_gives(values, modulus):
+    rows = np.array(values, dtype=np.int64) % modulus  # few distinct values when small
+    unique, inverse, counts = unique_rows(rows)
+    want = torch.unique(torch.from_numpy(rows), return_inverse=True, return_counts=True)
+    for got, expect in zip((unique, inverse, counts), want, strict=True):
+        np.testing.assert_array_equal(got, expect.numpy())
