@@ -340,23 +340,21 @@ class ShardedTables(EmbeddingStore):
         one exchange of bytes; returns the gradients received (float32, flat) and the next
         ids received as owner."""
         p, r = self.group.size, self.group.rank
-        if self.plan.by_columns:
-            parts = [grads[:, self._cols(j)].reshape(-1) for j in range(p)]
-        else:
-            parts = np.split(grads[order], np.cumsum(counts)[:-1])
+        flat = np.concatenate([grads[:, self._cols(j)].reshape(-1) for j in range(p)]) \
+            if self.plan.by_columns else grads[order].reshape(-1)
+        sizes = counts * self.widths  # values to each owner
         self._account("grad_bytes_sent", 4 * self.widths, counts, train=True)
         if ahead is None:
-            got, _ = alltoallv(np.concatenate(parts).reshape(-1), counts * self.widths,
-                               comm=self.group, matrix=matrix * self.widths[None, :])
+            got, _ = alltoallv(flat, sizes, comm=self.group,
+                               matrix=matrix * self.widths[None, :])
             return got, np.empty(0, np.int64)
         (_, next_counts, next_slots), next_matrix = ahead
         self._account("id_bytes_sent", _ID, next_counts, train=True)
-        ids = np.split(next_slots, np.cumsum(next_counts)[:-1])
-        send = np.concatenate([np.concatenate([parts[j].reshape(-1).view(np.uint8),
-                                               ids[j].view(np.uint8)]) for j in range(p)])
+        values = np.split(flat.view(np.uint8), np.cumsum(4 * sizes)[:-1])
+        ids = np.split(next_slots.view(np.uint8), np.cumsum(_ID * next_counts)[:-1])
+        send = np.concatenate([part for j in range(p) for part in (values[j], ids[j])])
         grad_bytes, id_bytes = matrix[:, r] * 4 * self.widths[r], next_matrix[:, r] * _ID
-        got, _ = alltoallv(send, counts * 4 * self.widths + next_counts * _ID,
-                           comm=self.group,
+        got, _ = alltoallv(send, 4 * sizes + _ID * next_counts, comm=self.group,
                            matrix=matrix * 4 * self.widths[None, :] + next_matrix * _ID)
         starts = np.concatenate(([0], np.cumsum(grad_bytes + id_bytes)))
         grads_in = [got[a:a + g] for a, g in zip(starts[:-1], grad_bytes, strict=True)]
