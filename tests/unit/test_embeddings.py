@@ -133,3 +133,17 @@ def test_unique_rows_give_what_torch_unique_gives(values, modulus):
     want = torch.unique(torch.from_numpy(rows), return_inverse=True, return_counts=True)
     for got, expect in zip((unique, inverse, counts), want, strict=True):
         np.testing.assert_array_equal(got, expect.numpy())
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def test_optimizer_state_is_resident_when_made():
+    """Zeroed state, its pages written at once: lazily mapped zeros made the first steps
+    page-fault on every row they touched, and resident memory understate the state."""
+    before = _resident_bytes()
+    state = SparseOptimizer("adagrad").new_state(16 << 20, 4)  # 64 MiB of zeros
+    assert _resident_bytes() - before > 0.9 * state.nbytes
+    assert not state.any()
