@@ -3,16 +3,21 @@
 Pure functions of the job's sizes (:class:`Workload`) and the :class:`~.cluster.Cluster`.
 What a step costs, per rank:
 
+- reading: the job's own reader's seconds per sample (probed, :class:`Workload`);
 - dense compute: ``3 x 2 x MACs`` FLOPs (forward, and a backward twice as dear) at a share
-  (:data:`MATMUL_EFFICIENCY`) of the probed matmul rate, plus a fixed cost per framework op
-  (``device.op_latency``, counted per layer, per table and per micro-batch), stretched by
-  the core share when ranks outnumber cores;
-- embeddings: sort-like passes over the step's ids at the probed per-id cost; the unique
-  rows (expected distinct draws of the job's Zipf ids) read and updated at the probed memory
-  bandwidth; replicated tables all-gather the touched rows (ring allgather cost), parameter
-  servers add a pull and a push per server on the link the ranks share (intra-node on one
-  node, inter-node otherwise) and the server's own apply time; a hot tier serves the share
-  of lookups its top rows cover and sums its gradients over the workers;
+  (:data:`MATMUL_EFFICIENCY`) of the probed matmul rate, :data:`ACTIVATION_PASSES` memory
+  passes over the activations at the probed copy bandwidth, and a fixed cost in units of
+  the probed op latency (per layer, per step and per micro-batch), stretched by the core
+  share when ranks outnumber cores;
+- embeddings: a hash pass and two memory passes over the step's looked-up ids and rows;
+  per unique row (expected distinct draws of the job's Zipf ids) an update costing a few
+  sort-ids (:data:`ROW_UPDATE_IDS`); replicated tables all-gather the touched rows (ring
+  allgather cost), parameter servers add a pull and a push per server on the link the ranks
+  share (intra-node on one node, inter-node otherwise) and the server's own apply time; a
+  hot tier serves the share of lookups its top rows cover and sums its gradients over the
+  workers;
+- the guard (every step): the non-finite check and scaling of the dense gradients and the
+  step's statistics; the dense optimizer's passes over the parameters and its state;
 - dense gradients: one allreduce per bucket over the data-parallel ranks, priced by the
   collective selector's own cost model (:func:`hpctrain.comm.select.ranking`), hidden under
   the backward pass when more than one bucket lets it start early; ZeRO-1 adds the
@@ -29,8 +34,9 @@ Memory per rank is the runtime's base (probed) plus weights, gradients and optim
 staging buffer, 1/16 of a bucket or shard),
 activations held for backward (all micro-batches for GPipe, ``min(m, p)`` for 1F1B), table
 rows with their optimizer state, the hot tier with its lookup counters, message buffers and
-the batch. Ignored: allocator slack and fragmentation, data loading time, evaluation,
-checkpoints, stragglers, and the skew of real (non-Zipf) id streams.
+the batch. Ignored: allocator slack and fragmentation, evaluation, checkpoints,
+stragglers, and the skew of real (non-Zipf) id streams. The constants named below were
+fitted to the phases the trainer measures, on this project's 2-core machine.
 """
 
 from __future__ import annotations
@@ -62,15 +68,45 @@ OPS_PER_LAYER = 14
 """Framework ops of one linear layer per step: forward matmul and activation, backward
 input and weight gradients, bias sum, activation gradient, optimizer update (autograd and
 hook dispatch included), as counted by the profiler on the DLRM step."""
-OPS_PER_TABLE = 6  # id remap, unique, gather, gradient scatter, coalesce, sparse apply
-OPS_FIXED = 60  # interaction, loss, metrics, zero_grad, the step's bookkeeping
+OPS_FIXED = 540
+"""The rest of a step in units of the probed op latency (a tiny op outside autograd): the
+interaction, loss, metrics, autograd's graph and engine, the step's bookkeeping."""
 OPS_STAGE = 10  # a later pipeline stage's own bookkeeping
-ID_PASSES = 5  # sort-like passes over a step's ids: unique, inverse, remap, coalesce, scatter
-MATMUL_EFFICIENCY = 0.55
-"""Share of the probed 512^3 matmul rate a DLRM training step sustains (its backward
-matmuls, narrow layers and the interaction's small batched products); calibrated against
-the CPU time per step of ``jobs/configs/dlrm_reference_2048.toml`` on one rank."""
-TOUCH_PASSES = 4  # memory passes over a touched row per step: gather, grad, coalesce, apply
+OPS_PER_TABLE = 3  # a table's lookup: id remap, gather, its slice of the interaction input
+MATMUL_EFFICIENCY = 0.9
+"""Share of the probed 512^3 matmul rate the step's matmuls sustain."""
+ACTIVATION_PASSES = 12
+"""Memory passes over the activations per step (forward, backward, the elementwise ops
+between the matmuls); with the two constants above, fitted to the compute phase of 14
+one-rank runs (the jobs of ``jobs/configs`` at batch 32-2048, dims 16 and 64) within 11%."""
+ID_PASSES = 1  # sort-like work per looked-up id (the hash de-duplication, the inverse)
+LOOKUP_PASSES = 2  # memory passes over the looked-up rows: gather, gradient
+ROW_UPDATE_IDS = 3.4
+"""Cost of applying one touched row, in units of the probed per-id sort cost: a cache miss
+into a large table, the coalesce and the update (fitted to the push phase, with
+:data:`STATE_ROW_IDS` more for a row with optimizer state)."""
+STATE_ROW_IDS = 1.0
+OPT_PASSES = 2.7  # memory passes of the dense optimizer over the parameters
+OPT_STATE_PASSES = 12  # more per float of optimizer state per parameter (Adagrad's sqrt, div)
+OPT_OPS = 46  # the dense optimizer's fixed cost (its foreach calls), in op latencies
+GUARD_PASSES = 2  # the non-finite check and the scaling over the dense gradients, every step
+GUARD_OPS = 120  # the step's statistics and the guard's fixed cost, in op latencies
+GUARD_ID_PASSES = 0.1  # its scan of the looked-up rows' gradients, per id
+ZERO2_STALL = 0.1
+"""ZeRO-2's reductions run inline from the gradient hook, so backward waits at each bucket
+for the slowest rank's gradient: measured, 10% of the compute at 2 ranks (dlrm_reference
+at batch 128 and 2048, default, criteo_sample), plus :data:`ZERO2_BUCKET_OPS` op latencies
+a bucket for the hook and the call."""
+ZERO2_BUCKET_OPS = 60
+TP_CALL_OPS = 330
+"""A tensor-parallel allreduce's cost beyond its bytes, in op latencies: the autograd
+function and the wait for the other ranks of the group at every call (measured at 2 ranks,
+tp 2: 250-350 us a call on default, dlrm_reference and dlrm_reference_2048)."""
+RUNTIME_MEMORY = 28 * 2**20
+"""Resident memory a running rank holds beyond the probed base and the job's tensors (its
+threads' malloc arenas, MPI's buffers, the trainer's objects): a training run of
+``jobs/configs/criteo_sample.toml``, whose tensors are a few MiB, peaked 27-30 MiB above
+the probe."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +125,9 @@ class Workload:
     table_optimizer: str
     """The tables' optimizer (``train.sparse_optimizer`` resolved)."""
     momentum: float
+    read_s: float = 0.0
+    """Seconds to read one sample with the job's reader (:func:`~.cluster.probe_reader`;
+    0 leaves reading out)."""
 
     @property
     def tables(self) -> int:
@@ -123,15 +162,15 @@ class Workload:
         return SparseOptimizer(kind).state_width(self.dim) / self.dim
 
 
-def workload(config: JobConfig) -> Workload:
-    """The :class:`Workload` of a job config."""
+def workload(config: JobConfig, read_s: float = 0.0) -> Workload:
+    """The :class:`Workload` of a job config, reading a sample in ``read_s`` seconds."""
     m = config.model
     sizes = tuple(config.data.table_sizes)
     return Workload(sizes, m.embedding_dim, (NUM_DENSE, *m.bottom_mlp),
                     (interaction_width(len(sizes), m.embedding_dim), *m.top_mlp),
                     config.train.batch_size, config.train.optimizer, config.data.zipf,
                     config.train.accumulate, config.ps.prefetch, config.train.table_optimizer,
-                    config.train.momentum)
+                    config.train.momentum, read_s)
 
 
 def _linear_params(widths: tuple[int, ...]) -> int:
@@ -229,17 +268,20 @@ def predict(w: Workload, p: Proposal, cluster: Cluster) -> Prediction:
     row_bytes = w.dim * F32
     state_bytes = w.state_width * F32
     emb_mem: dict[str, float] = {}
-    emb_time: dict[str, float] = {"lookup": op_s * OPS_PER_TABLE * w.tables * chunks
+    row_apply = (ROW_UPDATE_IDS + STATE_ROW_IDS * (w.state_width > 0)) * dev.id_latency / share
+    emb_time: dict[str, float] = {"data": w.read_s * local / share,
+                                  "lookup": op_s * OPS_PER_TABLE * w.tables * chunks
                                   + ID_PASSES * lookups * dev.id_latency / share
-                                  + TOUCH_PASSES * lookups * row_bytes / bw}
+                                  + LOOKUP_PASSES * lookups * row_bytes / bw}
     inb = outb = 0.0
     server: RankPrediction | None = None
     if p.embeddings == "replicated":
         emb_mem["tables"] = w.rows * (row_bytes + state_bytes)
         gathered = unique * (ID_BYTES + row_bytes)
         emb_mem["comm_buffers"] = gathered * (p.dp + 1)
+        # every replica applies every worker's rows, having unpacked the others'
         emb_time["push"] = (_allgather_s(gathered, p.dp, _link(cluster, workers))
-                            + p.dp * unique * TOUCH_PASSES * (row_bytes + state_bytes) / bw)
+                            + (2 * p.dp - 1) * unique * row_apply)
         inb += gathered * (p.dp - 1)
         outb += gathered * (p.dp - 1)
     elif p.embeddings == "ps":
@@ -258,8 +300,7 @@ def predict(w: Workload, p: Proposal, cluster: Cluster) -> Prediction:
                                                 span) if block <= 4 * sparse else
                                     _allgather_s(hot_touched * (w.dim + 2) * F32, p.dp,
                                                  _link(cluster, workers)))
-            emb_time["hot_apply"] = p.dp * hot_touched * TOUCH_PASSES * (
-                row_bytes + state_bytes) / bw
+            emb_time["hot_apply"] = p.dp * hot_touched * row_apply
         else:
             cold = unique
         link = cluster.comm.p2p if cluster.nodes == 1 else cluster.comm.net
@@ -272,7 +313,7 @@ def predict(w: Workload, p: Proposal, cluster: Cluster) -> Prediction:
         oversub = cluster.comm.oversubscribed if cluster.oversubscribed else 1.0
         wire = messages * link.alpha * oversub + (pull_in + pull_out + push_out) * link.beta
         server_rows = p.dp * (cold + dense_rows / max(w.dim, 1)) / p.servers
-        serve = server_rows * TOUCH_PASSES * (row_bytes + state_bytes) / bw + \
+        serve = server_rows * row_apply + \
             3 * p.dp * op_s * OPS_PER_TABLE
         pull_share = pull_in / max(pull_in + push_out, 1.0)
         emb_time["pull"] = wire * pull_share
@@ -286,17 +327,21 @@ def predict(w: Workload, p: Proposal, cluster: Cluster) -> Prediction:
                        else 0.0)
         server = RankPrediction(
             "server", p.servers,
-            {"base": cluster.base_memory, "table_shards": stored * (row_bytes + state_bytes),
+            {"base": cluster.base_memory, "runtime": RUNTIME_MEMORY, "table_shards": stored * (row_bytes + state_bytes),
              "routing": stored * ID_BYTES, "dense_shard": dense_state,
              "comm_buffers": 2 * p.dp * (pull_in + push_out) / p.servers},
             {"serve": serve}, p.dp * (pull_out + push_out) / p.servers,
             p.dp * pull_in / p.servers)
     else:  # all-to-all sharded tables: each worker owns 1/dp of the rows
         emb_mem["table_shards"] = w.rows * (row_bytes + state_bytes) / p.dp
-        exchanged = lookups * row_bytes * (p.dp - 1) / p.dp
+        # a worker's unique rows held elsewhere: ids and values one way, gradients back
+        remote = unique * (p.dp - 1) / p.dp
+        exchanged = remote * (ID_BYTES + row_bytes)
         link = _link(cluster, workers)
-        emb_time["alltoall"] = 2 * ((p.dp - 1) * link.alpha + exchanged * link.beta) \
-            if p.dp > 1 else 0.0
+        # the owner applies the rows it owns; each remote row is packed and unpacked twice
+        # (its gradient to the owner, the next lookup's value back, which rides in the push)
+        emb_time["push"] = 2 * ((p.dp - 1) * link.alpha + exchanged * link.beta) + \
+            (unique + 4 * remote) * row_apply
         emb_mem["comm_buffers"] = 4 * exchanged
         inb += 2 * exchanged
         outb += 2 * exchanged
@@ -310,7 +355,9 @@ def predict(w: Workload, p: Proposal, cluster: Cluster) -> Prediction:
     worst = 0.0
     for s, st in enumerate(stages):
         stage_params = st.params(p.tp)
+        held = st.activations + (w.tables * w.dim if s == 0 else 0)  # floats per sample
         compute = 3 * 2 * st.macs_per_rank(p.tp) * local / flops_rate + \
+            ACTIVATION_PASSES * held * local * F32 / bw + \
             op_s * (OPS_PER_LAYER * st.layers + (OPS_FIXED if s == 0 else OPS_STAGE)) * chunks
         grads = stage_params * F32
         # ZeRO-2: a bucket per weight, the small parameters one more (sharded.cut)
@@ -319,6 +366,8 @@ def predict(w: Workload, p: Proposal, cluster: Cluster) -> Prediction:
         sync = allreduce_s(grads * wire, p.dp, cluster, span) if p.ps_mode != "full" or \
             p.embeddings != "ps" else 0.0
         sync += (nbuckets - 1) * cluster.comm.p2p.alpha * math.ceil(math.log2(max(p.dp, 2)))
+        if p.zero == 2 and p.dp > 1:  # each inline reduction holds backward up
+            sync += ZERO2_STALL * compute + nbuckets * op_s * ZERO2_BUCKET_OPS
         if p.zero == 1:  # the updated chunks allgathered (ZeRO-2's allgather is in the
             sync += _allgather_s(grads / p.dp, p.dp, _link(cluster, workers))  # allreduce's)
         # ZeRO-2 reduce-scatters inline, from the gradient hook: nothing hidden; local SGD
@@ -328,13 +377,17 @@ def predict(w: Workload, p: Proposal, cluster: Cluster) -> Prediction:
         else:
             hidden = 0.0 if p.zero == 2 else min(sync, 2 / 3 * compute) * (1 - 1 / nbuckets)
         owned = 1 / p.dp if p.zero else 1.0  # the share of the optimizer state kept
-        opt = op_s * 2 * st.layers * 4 + (2 + w.dense_state) * 3 * grads * owned / bw
+        opt = op_s * OPT_OPS + (OPT_PASSES + OPT_STATE_PASSES * w.dense_state) * \
+            grads * owned / bw
+        guard = op_s * GUARD_OPS + GUARD_PASSES * grads / bw + \
+            (GUARD_ID_PASSES * lookups * dev.id_latency / share if s == 0 else 0.0)
         t: dict[str, float] = {"compute": compute, "dense_sync": sync - hidden,
-                               "optimizer": opt}
+                               "guard": guard, "optimizer": opt}
         sin = sout = 0.0
         if p.tp > 1 and st.tp_widths:
             t["tp_allreduce"] = 2 * chunks * sum(
-                allreduce_s(micro * width * F32, p.tp, cluster, False) for width in st.tp_widths)
+                allreduce_s(micro * width * F32, p.tp, cluster, False) + op_s * TP_CALL_OPS
+                for width in st.tp_widths)
             tp_bytes = 2 * local * sum(st.tp_widths) * F32 * 2 * (p.tp - 1) / p.tp
             sin += tp_bytes
             sout += tp_bytes
@@ -346,7 +399,7 @@ def predict(w: Workload, p: Proposal, cluster: Cluster) -> Prediction:
             t["pipeline_p2p"] = hops * 2 * chunks * (link.alpha + msg * link.beta)
             sin += hops * chunks * msg
             sout += hops * chunks * msg
-        mem = {"base": cluster.base_memory, "weights": stage_params * F32,
+        mem = {"base": cluster.base_memory, "runtime": RUNTIME_MEMORY, "weights": stage_params * F32,
                "gradients": (grads / p.dp + min(bucket, grads / p.dp) / 16 if p.zero == 2
                              else grads),  # ZeRO-2: the shard and at most the staging buffer
                "optimizer_state": stage_params * w.dense_state * F32 * owned,

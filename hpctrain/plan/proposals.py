@@ -19,11 +19,11 @@ from collections.abc import Sequence
 
 from hpctrain.config import JobConfig, load_config, local_period
 from hpctrain.errors import ConfigError
-from hpctrain.plan.cluster import Cluster
-from hpctrain.plan.model import F32, dense_params, predict, workload
+from hpctrain.plan.cluster import Cluster, probe_reader
+from hpctrain.plan.model import F32, Workload, dense_params, predict, workload
 from hpctrain.plan.types import Prediction, Proposal
 
-__all__ = ["candidates", "plan", "rank_predictions", "proposal_of",
+__all__ = ["candidates", "plan", "rank_predictions", "proposal_of", "job_workload",
            "predict_job"]
 
 
@@ -61,8 +61,9 @@ def _layouts(config: JobConfig, ranks: int) -> list[Proposal]:
                     Proposal("ps", k, "full", dp=dp, bucket_kib=bucket)]
             out += [Proposal("ps", k, "hybrid", hot, dp=dp, bucket_kib=bucket)
                     for hot in HOT_FRACTIONS]
-        out += [Proposal("alltoall", sharding=s, dp=ranks, bucket_kib=bucket)
-                for s in ("row_wise", "table_wise")]
+        if ranks > 1:  # over one worker, sharding is the replicated layout
+            out += [Proposal("alltoall", sharding=s, dp=ranks, bucket_kib=bucket)
+                    for s in ("row_wise", "table_wise")]
     stages = len(config.model.top_mlp) + 1
     for tp in _powers(max(ranks, 1)):
         for pp in _powers(min(stages, max(ranks, 1))):
@@ -101,7 +102,7 @@ def plan(config: JobConfig, cluster: Cluster, job: str | None = None,
          overrides: Sequence[str] = ()) -> list[Prediction]:
     """Predict every candidate layout of ``config`` (loaded from ``job`` and ``overrides``)
     on ``cluster``, ranked."""
-    w = workload(config)
+    w = job_workload(config, cluster)
     out = []
     for p in candidates(config, cluster.ranks):
         problems = _check(config, job, overrides, p)
@@ -121,15 +122,25 @@ def proposal_of(config: JobConfig, ranks: int) -> Proposal:
         rows = {"fraction": tier.budget * w.rows, "rows": tier.budget,
                 "bytes": tier.budget / per_row}[tier.budget_unit]
         hot = min(1.0, rows / w.rows)
-    dp = par.dp or max(1, (ranks - ps.servers) // (par.tp * par.pp))
+    dense = {"dp": par.dp or max(1, (ranks - ps.servers) // (par.tp * par.pp)),
+             "tp": par.tp, "pp": par.pp,
+             "micro_batches": par.micro_batches if par.tp * par.pp > 1 else 1,
+             "schedule": par.schedule, "bucket_kib": config.comm.bucket_kib,
+             "zero": config.train.zero, "local_steps": local_period(config.sync.dense),
+             "wire_dtype": config.comm.wire_dtype, "pipeline_wire": par.wire_dtype}
+    if config.embeddings.mode == "alltoall":
+        return Proposal("alltoall", sharding=config.embeddings.sharding, **dense)
     return Proposal("ps" if ps.servers else "replicated", ps.servers,
-                    ps.mode if ps.servers else "hybrid", hot, dp=dp, tp=par.tp, pp=par.pp,
-                    micro_batches=par.micro_batches if par.tp * par.pp > 1 else 1,
-                    schedule=par.schedule, bucket_kib=config.comm.bucket_kib,
-                    zero=config.train.zero, local_steps=local_period(config.sync.dense),
-                    wire_dtype=config.comm.wire_dtype, pipeline_wire=par.wire_dtype)
+                    ps.mode if ps.servers else "hybrid", hot, **dense)
+
+
+def job_workload(config: JobConfig, cluster: Cluster) -> Workload:
+    """The job's sizes with its reader's cost per sample, probed at the micro-batch a
+    worker of the replicated layout reads."""
+    return workload(config, probe_reader(config.data, config.train.batch_size
+                                         // cluster.ranks // config.train.accumulate))
 
 
 def predict_job(config: JobConfig, cluster: Cluster) -> Prediction:
     """The model's prediction for the job's own layout."""
-    return predict(workload(config), proposal_of(config, cluster.ranks), cluster)
+    return predict(job_workload(config, cluster), proposal_of(config, cluster.ranks), cluster)

@@ -4,7 +4,9 @@ generator, bubble and allreduce terms, ranking, cluster files and the plan comma
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -16,7 +18,7 @@ from hpctrain.data.synthetic import SyntheticClicks
 from hpctrain.errors import ConfigError
 from hpctrain.models.dlrm import DLRM
 from hpctrain.plan.cli import main
-from hpctrain.plan.cluster import Device, load_cluster, machine_cluster
+from hpctrain.plan.cluster import Device, load_cluster, machine_cluster, probe_reader
 from hpctrain.plan.model import allreduce_s, dense_params, predict, workload, zipf_unique
 from hpctrain.plan.proposals import plan, proposal_of, rank_predictions
 from hpctrain.plan.types import Proposal
@@ -236,3 +238,26 @@ def test_layouts_of_a_tiered_job_without_servers_turn_tiering_off():
     best = predictions[0]
     assert best.feasible and best.proposal.servers == 0
     assert load_config("jobs/configs/tiered.toml", best.proposal.overrides()).tiering.budget == 0
+
+
+def test_reading_is_probed_on_the_jobs_own_reader_and_priced_per_sample(tmp_path, caplog):
+    """Synthetic, Criteo text and gzipped text are timed on their own readers; data that
+    cannot be read here leaves reading out with a warning; the step reads its worker's
+    share of the batch."""
+    synthetic = load_config("jobs/configs/default.toml")
+    assert 0 < probe_reader(synthetic.data, 256, budget_s=0.01) < 1e-3
+    criteo = load_config("jobs/configs/criteo_sample.toml").data
+    assert probe_reader(criteo, 32, budget_s=0.01) > 0
+    packed = tmp_path / "day_0.gz"
+    with open(criteo.paths[0], "rb") as src, gzip.open(packed, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    assert probe_reader(dataclasses.replace(criteo, paths=(str(packed),)), 32,
+                        budget_s=0.01) > 0
+    with caplog.at_level("WARNING"):
+        gone = dataclasses.replace(criteo, paths=(str(tmp_path / "gone.txt"),))
+        assert probe_reader(gone, 32) == 0.0
+    assert "cannot read the job's data" in caplog.text
+    w = workload(synthetic, read_s=2e-6)
+    one, two = (predict(w, Proposal(dp=d), cluster(d)) for d in (1, 2))
+    assert one.ranks[0].time_s["data"] == pytest.approx(2e-6 * 512)
+    assert two.ranks[0].time_s["data"] == pytest.approx(2e-6 * 256)
