@@ -261,3 +261,21 @@ def test_reading_is_probed_on_the_jobs_own_reader_and_priced_per_sample(tmp_path
     one, two = (predict(w, Proposal(dp=d), cluster(d)) for d in (1, 2))
     assert one.ranks[0].time_s["data"] == pytest.approx(2e-6 * 512)
     assert two.ranks[0].time_s["data"] == pytest.approx(2e-6 * 256)
+
+
+def test_an_all_to_all_job_is_predicted_as_its_own_layout():
+    """A job with embeddings.mode = alltoall is planned as sharded (half the rows each at
+    2 workers, its exchange and the owners' updates priced); over one worker sharding is
+    the replicated layout, so it is not proposed."""
+    job = "jobs/configs/default.toml"
+    keys = ["embeddings.mode='alltoall'", "embeddings.sharding='row_wise'"]
+    own = proposal_of(load_config(job, keys), 2)
+    assert (own.embeddings, own.sharding, own.dp) == ("alltoall", "row_wise", 2)
+    w = workload(load_config(job))
+    a2a, rep = predict(w, own, cluster(2)), predict(w, Proposal(dp=2), cluster(2))
+    assert a2a.ranks[0].memory["table_shards"] == pytest.approx(
+        rep.ranks[0].memory["tables"] / 2)
+    assert a2a.ranks[0].time_s["push"] > predict(w, dataclasses.replace(own, dp=1),
+                                                 cluster(1)).ranks[0].time_s["push"]
+    assert not any(q.proposal.embeddings == "alltoall" for q in plan(load_config(job),
+                                                                     cluster(1)))
