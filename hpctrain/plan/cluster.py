@@ -33,8 +33,8 @@ import gzip
 import logging
 import math
 import os
-import tempfile
 import resource
+import tempfile
 import time
 import tomllib
 from dataclasses import dataclass, field

@@ -327,8 +327,9 @@ def predict(w: Workload, p: Proposal, cluster: Cluster) -> Prediction:
                        else 0.0)
         server = RankPrediction(
             "server", p.servers,
-            {"base": cluster.base_memory, "runtime": RUNTIME_MEMORY, "table_shards": stored * (row_bytes + state_bytes),
-             "routing": stored * ID_BYTES, "dense_shard": dense_state,
+            {"base": cluster.base_memory, "runtime": RUNTIME_MEMORY,
+             "table_shards": stored * (row_bytes + state_bytes), "routing": stored * ID_BYTES,
+             "dense_shard": dense_state,
              "comm_buffers": 2 * p.dp * (pull_in + push_out) / p.servers},
             {"serve": serve}, p.dp * (pull_out + push_out) / p.servers,
             p.dp * pull_in / p.servers)
@@ -337,11 +338,20 @@ def predict(w: Workload, p: Proposal, cluster: Cluster) -> Prediction:
         # a worker's unique rows held elsewhere: ids and values one way, gradients back
         remote = unique * (p.dp - 1) / p.dp
         exchanged = remote * (ID_BYTES + row_bytes)
-        link = _link(cluster, workers)
+        # three exchanges a step (the counts, the gradients with the next ids, the next
+        # values), priced by the toolkit's calibrated alltoallv costs: one shared-memory
+        # exchange inside a node, pairwise rounds over the network across nodes
+        if p.dp == 1:
+            wire = 0.0
+        elif workers <= cluster.ranks_per_node:
+            ex = cluster.comm.exchange_shm
+            wire = 3 * ex.alpha + 2 * exchanged * ex.beta
+        else:
+            wire = 3 * (p.dp - 1) * max(cluster.comm.exchange_p2p.alpha, cluster.comm.net.alpha) \
+                + 2 * exchanged * cluster.comm.net.beta
         # the owner applies the rows it owns; each remote row is packed and unpacked twice
         # (its gradient to the owner, the next lookup's value back, which rides in the push)
-        emb_time["push"] = 2 * ((p.dp - 1) * link.alpha + exchanged * link.beta) + \
-            (unique + 4 * remote) * row_apply
+        emb_time["push"] = wire + (unique + 4 * remote) * row_apply
         emb_mem["comm_buffers"] = 4 * exchanged
         inb += 2 * exchanged
         outb += 2 * exchanged
@@ -399,7 +409,8 @@ def predict(w: Workload, p: Proposal, cluster: Cluster) -> Prediction:
             t["pipeline_p2p"] = hops * 2 * chunks * (link.alpha + msg * link.beta)
             sin += hops * chunks * msg
             sout += hops * chunks * msg
-        mem = {"base": cluster.base_memory, "runtime": RUNTIME_MEMORY, "weights": stage_params * F32,
+        mem = {"base": cluster.base_memory, "runtime": RUNTIME_MEMORY,
+               "weights": stage_params * F32,
                "gradients": (grads / p.dp + min(bucket, grads / p.dp) / 16 if p.zero == 2
                              else grads),  # ZeRO-2: the shard and at most the staging buffer
                "optimizer_state": stage_params * w.dense_state * F32 * owned,
