@@ -19,7 +19,7 @@ A cluster file (TOML; every key optional, units readable as in :mod:`.units`)::
     flops = "50T"                  # sustained matmul FLOP/s per rank
     memory_bandwidth = "2TB/s"     # copy bandwidth per rank
     op_latency = "10us"            # fixed cost of one framework op (kernel launch, dispatch)
-    id_latency = "50ns"            # per id of a sort-based unique (lookup de-duplication)
+    id_latency = "50ns"            # per id of the lookups' de-duplication (unique rows)
 
 Without a file (``--nodes N --ranks-per-node R``) the links come from ``--calibration`` or
 the cost model's built-in defaults (calibrated on this project's 2-core machine) and the
@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from embeddings.collection import unique_rows
 from hpctrain.comm.calibration import read_params
 from hpctrain.comm.types import CostParams, Link
 from hpctrain.config import DataConfig
@@ -59,7 +60,7 @@ _log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Device:
     """What one rank computes with: sustained FLOP/s, copy bytes/s, cost of one framework
-    op, and cost per id of sorting ids (the lookups' de-duplication)."""
+    op, and cost per id of the lookups' de-duplication (their unique rows)."""
 
     flops: float
     memory_bandwidth: float
@@ -110,7 +111,7 @@ def _best(fn: Any, calls: int, reps: int = 9) -> float:
 
 
 def probe_device() -> Device:
-    """Time a 512^3 float32 matmul, a 64 MiB copy, a tiny op and ``np.unique`` of 64 Ki ids
+    """Time a 512^3 float32 matmul, an 8 MiB copy, a tiny op and the unique rows of 64 Ki ids
     on one thread (~1 s);
     each the fastest of several samples of CPU time (:func:`_best`)."""
     threads = torch.get_num_threads()
@@ -118,13 +119,18 @@ def probe_device() -> Device:
     try:
         a, b = torch.randn(512, 512), torch.randn(512, 512)
         flops = 2 * 512**3 / _best(lambda: a @ b, 3)
-        src = np.ones(16 << 20, np.float32)
+        # a step sweeps working sets of a few MiB (activations, dense parameters and
+        # gradients), and at that size the rate is also steady: 29.0-29.6 GB/s across
+        # processes here, where a 64 MiB copy gave 15.6-22 GB/s (a shared L3)
+        src = np.ones(2 << 20, np.float32)
         dst = np.empty_like(src)
-        bandwidth = 2 * src.nbytes / _best(lambda: np.copyto(dst, src), 2)  # read + write
+        bandwidth = 2 * src.nbytes / _best(lambda: np.copyto(dst, src), 8)  # read + write
         x = torch.ones(4, 4)
         op = _best(lambda: x.add(x), 200)
-        ids = np.random.default_rng(0).integers(0, 1 << 20, 1 << 16)
-        per_id = _best(lambda: np.unique(ids, return_inverse=True), 2) / ids.size
+        # the lookups' own de-duplication on Zipf ids: steady across processes (15.0-15.3
+        # ns here), where np.unique's sort flipped between 18 and 30 ns
+        ids = (np.random.default_rng(0).zipf(1.05, 1 << 16) % (1 << 20)).astype(np.int64)
+        per_id = _best(lambda: unique_rows(ids), 8) / ids.size
     finally:
         torch.set_num_threads(threads)
     return Device(flops, bandwidth, op, per_id, source="probe")

@@ -9,13 +9,14 @@ What a step costs, per rank:
   passes over the activations at the probed copy bandwidth, and a fixed cost in units of
   the probed op latency (per layer, per step and per micro-batch), stretched by the core
   share when ranks outnumber cores;
-- embeddings: a hash pass and two memory passes over the step's looked-up ids and rows;
+- embeddings: the de-duplication and memory passes over the step's looked-up ids and rows;
   per unique row (expected distinct draws of the job's Zipf ids) an update costing a few
-  sort-ids (:data:`ROW_UPDATE_IDS`); replicated tables all-gather the touched rows (ring
-  allgather cost), parameter servers add a pull and a push per server on the link the ranks
-  share (intra-node on one node, inter-node otherwise) and the server's own apply time; a
-  hot tier serves the share of lookups its top rows cover and sums its gradients over the
-  workers;
+  probed de-duplication ids (:data:`ROW_UPDATE_IDS`); replicated tables all-gather the
+  touched rows (ring allgather cost), parameter servers add a pull and a push per server on
+  the link the ranks share (intra-node on one node, inter-node otherwise) and the server's
+  own apply time; a hot tier serves the share of lookups its top rows cover and sums its
+  gradients over the workers; sharded (all-to-all) tables exchange the remote rows at the
+  calibrated alltoallv cost and their owners apply them;
 - the guard (every step): the non-finite check and scaling of the dense gradients and the
   step's statistics; the dense optimizer's passes over the parameters and its state;
 - dense gradients: one allreduce per bucket over the data-parallel ranks, priced by the
@@ -75,23 +76,24 @@ OPS_STAGE = 10  # a later pipeline stage's own bookkeeping
 OPS_PER_TABLE = 3  # a table's lookup: id remap, gather, its slice of the interaction input
 MATMUL_EFFICIENCY = 0.9
 """Share of the probed 512^3 matmul rate the step's matmuls sustain."""
-ACTIVATION_PASSES = 12
+ACTIVATION_PASSES = 16
 """Memory passes over the activations per step (forward, backward, the elementwise ops
 between the matmuls); with the two constants above, fitted to the compute phase of 14
 one-rank runs (the jobs of ``jobs/configs`` at batch 32-2048, dims 16 and 64) within 11%."""
-ID_PASSES = 1  # sort-like work per looked-up id (the hash de-duplication, the inverse)
-LOOKUP_PASSES = 2  # memory passes over the looked-up rows: gather, gradient
-ROW_UPDATE_IDS = 3.4
-"""Cost of applying one touched row, in units of the probed per-id sort cost: a cache miss
+ID_PASSES = 1.7  # per looked-up id: the de-duplication, the inverse, the remap
+LOOKUP_PASSES = 2.7  # memory passes over the looked-up rows: gather, gradient, remap
+ROW_UPDATE_IDS = 5.8
+"""Cost of applying one touched row, in units of the probed per-id de-duplication cost
+(``device.id_latency``): a cache miss
 into a large table, the coalesce and the update (fitted to the push phase, with
 :data:`STATE_ROW_IDS` more for a row with optimizer state)."""
-STATE_ROW_IDS = 1.0
-OPT_PASSES = 2.7  # memory passes of the dense optimizer over the parameters
-OPT_STATE_PASSES = 12  # more per float of optimizer state per parameter (Adagrad's sqrt, div)
+STATE_ROW_IDS = 1.7
+OPT_PASSES = 3.7  # memory passes of the dense optimizer over the parameters
+OPT_STATE_PASSES = 16  # more per float of optimizer state per parameter (Adagrad's sqrt, div)
 OPT_OPS = 46  # the dense optimizer's fixed cost (its foreach calls), in op latencies
-GUARD_PASSES = 2  # the non-finite check and the scaling over the dense gradients, every step
+GUARD_PASSES = 2.7  # the non-finite check and the scaling over the dense gradients, every step
 GUARD_OPS = 120  # the step's statistics and the guard's fixed cost, in op latencies
-GUARD_ID_PASSES = 0.1  # its scan of the looked-up rows' gradients, per id
+GUARD_ID_PASSES = 0.17  # its scan of the looked-up rows' gradients, per id
 ZERO2_STALL = 0.1
 """ZeRO-2's reductions run inline from the gradient hook, so backward waits at each bucket
 for the slowest rank's gradient: measured, 10% of the compute at 2 ranks (dlrm_reference
@@ -102,6 +104,11 @@ TP_CALL_OPS = 330
 """A tensor-parallel allreduce's cost beyond its bytes, in op latencies: the autograd
 function and the wait for the other ranks of the group at every call (measured at 2 ranks,
 tp 2: 250-350 us a call on default, dlrm_reference and dlrm_reference_2048)."""
+READ_COLD = 1.15
+"""Reading inside a step costs more than the probe's back-to-back reads (the compute has
+filled the caches between reads), plus :data:`READ_OPS` op latencies a read for slicing
+the worker's share and the batch's objects: measured on 9 one-rank runs within 10%."""
+READ_OPS = 120
 RUNTIME_MEMORY = 28 * 2**20
 """Resident memory a running rank holds beyond the probed base and the job's tensors (its
 threads' malloc arenas, MPI's buffers, the trainer's objects): a training run of
@@ -269,7 +276,8 @@ def predict(w: Workload, p: Proposal, cluster: Cluster) -> Prediction:
     state_bytes = w.state_width * F32
     emb_mem: dict[str, float] = {}
     row_apply = (ROW_UPDATE_IDS + STATE_ROW_IDS * (w.state_width > 0)) * dev.id_latency / share
-    emb_time: dict[str, float] = {"data": w.read_s * local / share,
+    emb_time: dict[str, float] = {"data": READ_COLD * w.read_s * local / share
+                                  + op_s * READ_OPS * chunks,
                                   "lookup": op_s * OPS_PER_TABLE * w.tables * chunks
                                   + ID_PASSES * lookups * dev.id_latency / share
                                   + LOOKUP_PASSES * lookups * row_bytes / bw}

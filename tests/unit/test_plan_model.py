@@ -19,7 +19,7 @@ from hpctrain.errors import ConfigError
 from hpctrain.models.dlrm import DLRM
 from hpctrain.plan.cli import main
 from hpctrain.plan.cluster import Device, load_cluster, machine_cluster, probe_reader
-from hpctrain.plan.model import allreduce_s, dense_params, predict, workload, zipf_unique
+from hpctrain.plan.model import READ_COLD, allreduce_s, dense_params, predict, workload, zipf_unique
 from hpctrain.plan.proposals import plan, proposal_of, rank_predictions
 from hpctrain.plan.types import Proposal
 
@@ -257,10 +257,11 @@ def test_reading_is_probed_on_the_jobs_own_reader_and_priced_per_sample(tmp_path
         gone = dataclasses.replace(criteo, paths=(str(tmp_path / "gone.txt"),))
         assert probe_reader(gone, 32) == 0.0
     assert "cannot read the job's data" in caplog.text
-    w = workload(synthetic, read_s=2e-6)
+    w, none = workload(synthetic, read_s=2e-6), workload(synthetic)
     one, two = (predict(w, Proposal(dp=d), cluster(d)) for d in (1, 2))
-    assert one.ranks[0].time_s["data"] == pytest.approx(2e-6 * 512)
-    assert two.ranks[0].time_s["data"] == pytest.approx(2e-6 * 256)
+    fixed = predict(none, Proposal(dp=1), cluster(1)).ranks[0].time_s["data"]
+    assert one.ranks[0].time_s["data"] - fixed == pytest.approx(READ_COLD * 2e-6 * 512)
+    assert two.ranks[0].time_s["data"] - fixed == pytest.approx(READ_COLD * 2e-6 * 256)
 
 
 def test_an_all_to_all_job_is_predicted_as_its_own_layout():
