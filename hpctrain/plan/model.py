@@ -79,8 +79,8 @@ MATMUL_EFFICIENCY = 0.9
 ACTIVATION_PASSES = 16
 """Memory passes over the activations per step (forward, backward, the elementwise ops
 between the matmuls); with the two constants above, fitted to the compute phase of 14
-one-rank runs (the jobs of ``jobs/configs`` at batch 32-2048, dims 16 and 64) within 11%, the passes rescaled to
-the 8 MiB copy the probe now times."""
+one-rank runs (the jobs of ``jobs/configs`` at batch 32-2048, dims 16 and 64) within 11%,
+the passes then rescaled to the 8 MiB copy the probe now times."""
 ID_PASSES = 1.7  # per looked-up id: the de-duplication, the inverse, the remap
 LOOKUP_PASSES = 2.7  # memory passes over the looked-up rows: gather, gradient, remap
 ROW_UPDATE_IDS = 5.8
