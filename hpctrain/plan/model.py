@@ -85,9 +85,9 @@ ID_PASSES = 1.7  # per looked-up id: the de-duplication, the inverse, the remap
 LOOKUP_PASSES = 2.7  # memory passes over the looked-up rows: gather, gradient, remap
 ROW_UPDATE_IDS = 5.8
 """Cost of applying one touched row, in units of the probed per-id de-duplication cost
-(``device.id_latency``): a cache miss
-into a large table, the coalesce and the update (fitted to the push phase, with
-:data:`STATE_ROW_IDS` more for a row with optimizer state)."""
+(``device.id_latency``): a cache miss into a large table, the coalesce and the update
+(fitted to the push phase, with :data:`STATE_ROW_IDS` more for a row with optimizer
+state)."""
 STATE_ROW_IDS = 1.7
 OPT_PASSES = 3.7  # memory passes of the dense optimizer over the parameters
 OPT_STATE_PASSES = 16  # more per float of optimizer state per parameter (Adagrad's sqrt, div)
