@@ -48,6 +48,7 @@ from embeddings.collection import unique_rows
 from hpctrain.comm.calibration import read_params
 from hpctrain.comm.types import CostParams, Link
 from hpctrain.config import DataConfig
+from hpctrain.data import open_dataset
 from hpctrain.errors import ConfigError, HpctrainError
 from hpctrain.plan.units import parse_quantity
 
@@ -158,8 +159,6 @@ def probe_reader(data: DataConfig, samples: int, budget_s: float = 0.1) -> float
     batches of ``samples`` for about ``budget_s`` of this thread's CPU time (a Criteo text
     job reads a copy of the first lines of its first file, so that a large day file is not
     indexed whole). 0.0, with a warning, when the data cannot be read here."""
-    from hpctrain.data import open_dataset
-
     samples = max(1, samples)
     with tempfile.TemporaryDirectory(prefix="hpctrain-probe-") as tmp:
         try:

@@ -16,8 +16,9 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
+from functools import lru_cache
 
-from hpctrain.config import JobConfig, load_config, local_period
+from hpctrain.config import DataConfig, JobConfig, load_config, local_period
 from hpctrain.errors import ConfigError
 from hpctrain.plan.cluster import Cluster, probe_reader
 from hpctrain.plan.model import F32, Workload, dense_params, predict, workload
@@ -137,8 +138,15 @@ def proposal_of(config: JobConfig, ranks: int) -> Proposal:
 def job_workload(config: JobConfig, cluster: Cluster) -> Workload:
     """The job's sizes with its reader's cost per sample, probed at the micro-batch a
     worker of the replicated layout reads."""
-    return workload(config, probe_reader(config.data, config.train.batch_size
-                                         // cluster.ranks // config.train.accumulate))
+    return workload(config, _read_s(config.data, config.train.batch_size
+                                    // cluster.ranks // config.train.accumulate))
+
+
+@lru_cache(maxsize=8)
+def _read_s(data: DataConfig, samples: int) -> float:
+    """:func:`probe_reader`, once per process for a data config and batch (``--validate``
+    predicts the job's own layout and then plans the rest)."""
+    return probe_reader(data, samples)
 
 
 def predict_job(config: JobConfig, cluster: Cluster) -> Prediction:
