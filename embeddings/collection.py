@@ -17,7 +17,7 @@ import torch
 from embeddings.tables import TableLayout
 from embeddings.types import EmbeddingStore
 
-__all__ = ["EmbeddingCollection", "Lookup", "unique_rows"]
+__all__ = ["EmbeddingCollection", "Lookup", "lookup_rows", "unique_rows"]
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: 2^64 / the golden ratio
 _BITS = 11  # radix sort digit: 2048 buckets stay in L1
@@ -80,11 +80,17 @@ class EmbeddingCollection:
         :meth:`EmbeddingStore.push` (rows of different lookups may repeat)."""
         if not lookups:
             return np.empty(0, np.int64), np.empty((0, self.layout.dim), np.float32)
-        rows = np.concatenate([lk.rows for lk in lookups])
+        rows = lookup_rows(lookups)
         grads = np.concatenate([lk.grads() for lk in lookups])
         if scale != 1.0:
             grads *= np.float32(scale)
         return rows, grads
+
+
+def lookup_rows(lookups: list[Lookup]) -> np.ndarray:
+    """The rows of ``lookups`` in order; one lookup's own array when there is one, so that
+    stores which remember what they located by array (the hot tier) find it again."""
+    return lookups[0].rows if len(lookups) == 1 else np.concatenate([lk.rows for lk in lookups])
 
 
 def unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

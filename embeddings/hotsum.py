@@ -28,7 +28,7 @@ import numba
 import numpy as np
 import torch
 
-from embeddings.collection import Lookup
+from embeddings.collection import Lookup, lookup_rows
 from embeddings.hottier import HotTier
 from embeddings.optim import coalesce
 
@@ -63,7 +63,7 @@ class HotRider:
         ``out`` (host memory, zeros)."""
         if not lookups:
             return
-        rows = np.concatenate([lk.rows for lk in lookups])
+        rows = lookup_rows(lookups)
         grads = np.concatenate([lk.grads() for lk in lookups])
         if not np.isfinite(grads).all():
             return

@@ -1,7 +1,10 @@
 """The hot tier: a sorted set of rows with their values and optimizer state, one replica per
 worker, in host memory or on the worker's GPU (chosen at run time by the device passed in).
 
-Looking a row up is a binary search in the sorted row ids and a gather; an update runs the
+Looking a row up is a binary search in the sorted row ids and a gather; a step asks where
+the same rows are several times (counting, pull, gradients, push), so the answers for the
+last few arrays of rows are kept, by identity, until the hot set changes: arrays of rows
+handed to :meth:`HotTier.locate` are never modified afterwards. An update runs the
 sparse optimizer where the rows are (numba kernels on host memory, the same formulas as
 torch ops on a GPU). Keeping the replicas equal is the caller's job
 (:class:`~embeddings.tiered.TieredStore` applies the same summed gradients everywhere).
@@ -19,6 +22,7 @@ from embeddings.optim import SparseOptimizer
 __all__ = ["HotTier", "CHUNK"]
 
 CHUNK = 1 << 16  # rows per read and copy of a re-tiering
+_KEEP = 2  # located arrays remembered: this step's rows and the next step's
 
 
 class HotTier:
@@ -32,20 +36,30 @@ class HotTier:
         self.rows = np.empty(0, dtype=np.int64)
         self.weight = torch.empty((0, dim), dtype=torch.float32, device=device)
         self.state = torch.empty((0, self.state_width), dtype=torch.float32, device=device)
+        self._located: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """For global ``rows``: which are hot (bool mask) and their slots (valid where hot)."""
+        """For global ``rows``: which are hot (bool mask) and their slots (valid where hot).
+        Read-only results, shared by the calls on the same ``rows`` array."""
+        for at, (seen, hot, slots) in enumerate(self._located):
+            if seen is rows:
+                self._located.insert(0, self._located.pop(at))
+                return hot, slots
         slots = np.searchsorted(self.rows, rows)
         hot = np.zeros(len(rows), dtype=bool)
         inside = slots < len(self.rows)
         hot[inside] = self.rows[slots[inside]] == rows[inside]
+        hot.flags.writeable = slots.flags.writeable = False
+        self._located = [(rows, hot, slots), *self._located[: _KEEP - 1]]
         return hot, slots
 
     def gather(self, slots: np.ndarray) -> np.ndarray:
         """Values at ``slots`` as host float32 ``[n, dim]``."""
+        if self.device.type == "cpu":
+            return self.weight.numpy().take(slots, axis=0)
         return self._host(self.weight[self._index(slots)])
 
     def export(self, slots: np.ndarray) -> np.ndarray:
@@ -89,10 +103,11 @@ class HotTier:
             weight[to] = incoming[:, : self.dim]
             state[to] = incoming[:, self.dim:]
         self.rows, self.weight, self.state = hot, weight, state
+        self._located = []
 
     def copy_from(self, other: HotTier) -> None:
         """Take ``other``'s rows, values and state (a replica refresh)."""
-        self.rows = other.rows
+        self.rows, self._located = other.rows, other._located
         self.weight = other.weight.clone()
         self.state = other.state.clone()
 

@@ -112,7 +112,10 @@ def _coalesce(rows, grads):  # pragma: no cover - compiled
 
 def coalesce(rows: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Sorted unique ``rows`` and the sum of each one's gradient rows (stable order)."""
-    rows = np.ascontiguousarray(rows, dtype=np.int64)
+    if rows.dtype != np.int64 or not rows.flags.c_contiguous:
+        # not asarray on every call: it wraps numba's arrays (a dtype instance of their own)
+        # in a new view, and the hot tier finds the rows it located by the array itself
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
     grads = np.ascontiguousarray(grads, dtype=np.float32)
     if rows.shape[0] != grads.shape[0]:
         raise ValueError(f"{rows.shape[0]} rows but {grads.shape[0]} gradient rows")

@@ -54,6 +54,8 @@ def test_coalesce_sums_duplicates():
     np.testing.assert_array_equal(summed, [[2 + 8, 3 + 9], [0 + 4 + 10, 1 + 5 + 11], [6, 7]])
     empty_rows, empty = coalesce(np.empty(0, np.int64), np.empty((0, 2), np.float32))
     assert empty_rows.shape == (0,) and empty.shape == (0, 2)
+    unique = unique_rows(np.array([7, 3, 7]))[0]  # sorted and unique, made by numba
+    assert coalesce(unique, np.ones((2, 2), np.float32))[0] is unique  # not a copy or view
 
 
 def test_initial_rows_do_not_depend_on_sharding():
