@@ -15,6 +15,8 @@ gather_from   all-gather of the slices               keep this rank's slice
 
 ``copy_to`` opens a tensor-parallel region (its input is replicated, each rank's partial
 input gradient must be summed); ``reduce_from`` closes one after a row-parallel product.
+With ``runtime.trace`` on, each collective is a ``tensor allreduce`` or ``tensor allgather``
+span of the run's timeline.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 import torch
 
 from hpctrain.parallel.types import Group
+from hpctrain.runtime import trace
 from hpctrain.runtime.topology import shard_range
 
 __all__ = ["copy_to", "reduce_from", "scatter_to", "gather_from", "split_sizes", "own_slice"]
@@ -40,6 +43,16 @@ def own_slice(x: torch.Tensor, group: Group) -> torch.Tensor:
     return x[..., lo:hi].contiguous()
 
 
+def _all_reduce(x: torch.Tensor, group: Group) -> torch.Tensor:
+    with trace.span("tensor allreduce"):
+        return group.all_reduce(x.contiguous().clone())
+
+
+def _all_gather(x: torch.Tensor, group: Group, width: int) -> torch.Tensor:
+    with trace.span("tensor allgather"):
+        return group.all_gather(x.contiguous(), split_sizes(width, group))
+
+
 class _CopyTo(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, group: Group) -> torch.Tensor:
@@ -48,13 +61,13 @@ class _CopyTo(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return ctx.group.all_reduce(grad.contiguous().clone()), None
+        return _all_reduce(grad, ctx.group), None
 
 
 class _ReduceFrom(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, group: Group) -> torch.Tensor:
-        return group.all_reduce(x.contiguous().clone())
+        return _all_reduce(x, group)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
@@ -69,14 +82,14 @@ class _ScatterTo(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return ctx.group.all_gather(grad.contiguous(), split_sizes(ctx.width, ctx.group)), None
+        return _all_gather(grad, ctx.group, ctx.width), None
 
 
 class _GatherFrom(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, group: Group, width: int) -> torch.Tensor:
         ctx.group = group
-        return group.all_gather(x.contiguous(), split_sizes(width, group))
+        return _all_gather(x, group, width)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:

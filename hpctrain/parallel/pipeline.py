@@ -7,7 +7,8 @@ loss with ``loss(i, output)``); a backward ``B i`` takes the output gradient fro
 stage (the loss on the last), and sends the input gradient back. Parameter gradients
 accumulate over the micro-batches; the caller steps the optimizer once per batch. The
 stage keeps a trace (wall and CPU time of every action) and the peak number of micro-batches
-whose activations it held, for ``hpctrain bench pipeline``.
+whose activations it held, for ``hpctrain bench pipeline``; with ``runtime.trace`` on,
+each action is also a ``forward`` or ``backward`` span of the run's timeline.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from torch import nn
 from hpctrain.parallel.p2p import StageLinks
 from hpctrain.parallel.schedules import SCHEDULES, Action, forward_only
 from hpctrain.parallel.types import Group
+from hpctrain.runtime import trace
 from hpctrain.runtime.topology import shard_range
 
 __all__ = ["PipelineStage", "Traced", "micro_sizes"]
@@ -114,7 +116,9 @@ class PipelineStage:
         if links.last and train:
             y = loss(i, y)
             self._loss_sum = self._loss_sum + y.detach()
-        self.trace.append(Traced(action, t0, time.perf_counter(), time.process_time() - c0))
+        t1 = time.perf_counter()
+        self.trace.append(Traced(action, t0, t1, time.process_time() - c0))
+        trace.record("forward", t0, t1, micro=i)
         if train:
             self._held[i] = (x, y)
             self.peak_held = max(self.peak_held, len(self._held))
@@ -130,5 +134,7 @@ class PipelineStage:
         t0, c0 = time.perf_counter(), time.process_time()
         x, y = self._held.pop(action.micro)
         torch.autograd.backward(y, None if links.last else received)
-        self.trace.append(Traced(action, t0, time.perf_counter(), time.process_time() - c0))
+        t1 = time.perf_counter()
+        self.trace.append(Traced(action, t0, t1, time.process_time() - c0))
+        trace.record("backward", t0, t1, micro=action.micro)
         return None if links.first else (x.grad, links.stage - 1)

@@ -2,6 +2,8 @@
 torch.distributed (gloo), in real worlds of 2, 3 and 4 ranks."""
 
 import copy
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,6 +26,7 @@ from hpctrain.parallel.layers import (
 from hpctrain.parallel.mappings import own_slice
 from hpctrain.parallel.pipeline import micro_sizes
 from hpctrain.parallel.stages import split_sequential
+from hpctrain.runtime import trace
 from hpctrain.runtime.topology import shard_range
 from hpctrain.runtime.world import build_topology
 from hpctrain.train.trainer import Trainer
@@ -195,7 +198,8 @@ GRID_JOBS = [
 def test_model_parallel_trainer_follows_the_one_process_run(tmp_path):
     """DLRM trained with its dense part pipelined over a data-parallel grid (pp2 x dp2,
     1F1B, MPI) and pipelined and tensor-parallel (tp2 x pp2, GPipe, gloo) ends where one
-    process ends: same tables, same loss, same held-out scores."""
+    process ends: same tables, same loss, same held-out scores. The tp2 x pp2 run is traced:
+    every rank's pipeline actions and tensor-parallel collectives are spans of its steps."""
     world = MPI.COMM_WORLD
     ref_config = load_config(overrides=[*SMALL, f"train.run_dir={str(tmp_path / 'ref')!r}"])
     if world.Get_rank() == 0:
@@ -207,8 +211,17 @@ def test_model_parallel_trainer_follows_the_one_process_run(tmp_path):
         run_dir = str(tmp_path / f"grid{k}")
         config = load_config(overrides=[*SMALL, *grid, f"train.run_dir={run_dir!r}"])
         topo = build_topology(config)
+        traced = k == 1
+        if traced:
+            trace.start(str(tmp_path / "grid.json"), world, "worker")
         trainer = Trainer(config, topo)
         summary = trainer.fit()
+        if traced and (path := trace.finish(world)) is not None:
+            spans = [e for e in json.loads(Path(path).read_text())["traceEvents"]
+                     if e["ph"] == "X"]
+            for rank in range(4):
+                names = {e["name"] for e in spans if e["pid"] == rank}
+                assert {"step", "forward", "backward", "tensor allreduce"} <= names, names
         rows = trainer.table_rows()
         assert (rows is not None) == (topo.grid.coords[1] == 0)  # the tables on stage 0 only
         if world.Get_rank() == 0:
