@@ -56,6 +56,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from embeddings.collection import sorted_unique
 from embeddings.freq import FrequencyTracker, LookupTotals
 from embeddings.hotcold import HotSetPlanner, Retier, best, hot_row_bytes, merge_seen, retier_due
 from embeddings.hotsum import HotRider
@@ -216,16 +217,16 @@ class TieredStore(EmbeddingStore):
             pending.append(rows)
             size += len(rows)
             if size > keep:  # pruned now and then: each prune sorts and hashes all
-                pending = [self._best_counted(np.unique(np.concatenate(pending)), keep)]
+                pending = [self._best_counted(sorted_unique(np.concatenate(pending)), keep)]
                 size = len(pending[0])
-        candidates = self._best_counted(np.unique(np.concatenate(pending)), keep)
+        candidates = self._best_counted(sorted_unique(np.concatenate(pending)), keep)
         workers = self.comm.Get_size()
         for array in tracker.arrays():  # MPI's in place: no scratch as large as the tracker
             allreduce(array, comm=self.group, algorithm="native")
         everyone = allgatherv(candidates, self.comm)
         self.stats.warm_start_count_bytes = int(2 * (workers - 1) / workers * tracker.nbytes
                                                 + (len(everyone) - len(candidates)) * 8)
-        rows = np.unique(everyone)
+        rows = sorted_unique(everyone)
         self.planner.consider(rows, np.full(len(rows), -1, dtype=np.int64))
         if not self.everything_hot:
             plan = self.planner.plan()

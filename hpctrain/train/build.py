@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from embeddings.alltoall import ShardedTables
-from embeddings.collection import EmbeddingCollection
+from embeddings.collection import EmbeddingCollection, sorted_unique
 from embeddings.hotcold import hot_capacity, hot_row_bytes
 from embeddings.optim import SparseOptimizer
 from embeddings.replicated import ReplicatedTables
@@ -256,7 +256,7 @@ def _tiered(config: JobConfig, topo: Topology, layout: TableLayout, client: PSCl
 
     def hot(work: StepWork) -> list[float]:
         counts = [0.0] * group.size
-        counts[group.rank] = tiered.hot_count(np.unique(np.concatenate(
+        counts[group.rank] = tiered.hot_count(sorted_unique(np.concatenate(
             [lk.rows for lk in work.lookups])))
         return counts
 

@@ -4,7 +4,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from embeddings.collection import EmbeddingCollection, unique_rows
+from embeddings.collection import EmbeddingCollection, sorted_unique, unique_rows
 from embeddings.optim import SparseOptimizer, coalesce
 from embeddings.tables import LocalTables, TableLayout, init_rows
 from hpctrain.errors import EmbeddingError
@@ -135,6 +135,12 @@ def test_unique_rows_give_what_torch_unique_gives(values, modulus):
     want = torch.unique(torch.from_numpy(rows), return_inverse=True, return_counts=True)
     for got, expect in zip((unique, inverse, counts), want, strict=True):
         np.testing.assert_array_equal(got, expect.numpy())
+
+
+@given(st.lists(st.integers(0, 2**62), max_size=300), st.integers(1, 1 << 40))
+def test_sorted_unique_gives_what_np_unique_gives(values, modulus):
+    rows = np.array(values, dtype=np.int64) % modulus
+    np.testing.assert_array_equal(sorted_unique(rows), np.unique(rows))
 
 
 def _resident_bytes() -> int:
