@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
 from embeddings.freq import FrequencyTracker
@@ -139,10 +140,10 @@ class HotSetPlanner:
 
     def plan(self) -> Retier:
         """The next hot set; then every count decays by ``decay``."""
-        rows = np.concatenate([self._pool, *(r for r, _ in self._seen)])
-        last = np.concatenate([self._pool_last, *(s for _, s in self._seen)])
+        candidates, latest = self._pool, self._pool_last
+        for rows, last in self._seen:
+            candidates, latest = _union(candidates, latest, rows, last)
         self._seen = []
-        candidates, _, latest = merge_seen(rows, np.zeros(len(rows), np.float32), last)
         freq = self.tracker.estimate(candidates)
         hot = _within(candidates, self.hot)
         first, second = (freq, latest) if self.policy == "lfu" else (latest, freq)
@@ -160,9 +161,36 @@ class HotSetPlanner:
         return retier
 
 
-def _within(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
-    """Which ``values`` are in ``sorted_set`` (sorted, unique): a binary search each."""
-    if len(sorted_set) == 0:
-        return np.zeros(len(values), dtype=bool)
-    at = np.minimum(np.searchsorted(sorted_set, values), len(sorted_set) - 1)
-    return sorted_set[at] == values
+@numba.njit(cache=True, nogil=True)
+def _union(a, a_last, b, b_last):  # pragma: no cover - compiled
+    """Sorted unique ``a`` and ``b`` merged, each row with the later of its steps: one pass
+    (the hot set's candidates are a few times its capacity, too many to sort each time)."""
+    rows = np.empty(len(a) + len(b), np.int64)
+    last = np.empty(len(a) + len(b), np.int64)
+    i = j = n = 0
+    while i < len(a) or j < len(b):
+        if j == len(b) or (i < len(a) and a[i] < b[j]):
+            rows[n], last[n] = a[i], a_last[i]
+            i += 1
+        elif i == len(a) or b[j] < a[i]:
+            rows[n], last[n] = b[j], b_last[j]
+            j += 1
+        else:
+            rows[n], last[n] = a[i], max(a_last[i], b_last[j])
+            i += 1
+            j += 1
+        n += 1
+    return rows[:n], last[:n]
+
+
+@numba.njit(cache=True, nogil=True)
+def _within(values, sorted_set):  # pragma: no cover - compiled
+    """Which of the sorted ``values`` are in ``sorted_set`` (sorted, unique): one pass over
+    both."""
+    found = np.zeros(len(values), np.bool_)
+    j = 0
+    for i in range(len(values)):
+        while j < len(sorted_set) and sorted_set[j] < values[i]:
+            j += 1
+        found[i] = j < len(sorted_set) and sorted_set[j] == values[i]
+    return found

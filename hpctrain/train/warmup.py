@@ -2,7 +2,7 @@
 
 On a machine's first run numba compiles the lookups' unique rows, the sparse optimizers, the
 gradient coalescing, the reduction kernels, the all-to-all's count passes, the frequency
-sketch and the hot-gradient records' sum (``cache=True``:
+sketch, the hot-set planner's passes and the hot-gradient records' sum (``cache=True``:
 later runs load them from ``__pycache__``); compiling inside the first step left the
 progress bar at step 1 for seconds with no word why. :func:`prepare_kernels` runs each
 kernel once on a few elements, through the same entry points and argument types as the step,
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from embeddings import collection, freq, hotsum
+from embeddings import collection, freq, hotcold, hotsum
 from embeddings.optim import SparseOptimizer, coalesce
 from hpctrain.comm import alltoall, kernels
 
@@ -51,6 +51,9 @@ def prepare_kernels(optimizers: Sequence[SparseOptimizer], tiering: bool) -> tup
     if tiering:
         sketch = freq.CountMinSketch(64, 2, seed=0)
         sketch.add(rows, np.ones(3, np.float32))
+        planner = hotcold.HotSetPlanner(freq.FrequencyTracker([4], 8, 4, 1), 1)
+        planner.record(unique, np.ones(2, np.float32), np.zeros(2, np.int64))
+        planner.plan()
         records = np.array([1, 0, 1, 2], np.float32)  # one worker's region: 1 record
         hotsum._sum_records(records, 1, 4, 3, np.full(2, -1, np.int64), np.float32(1))
     seconds = time.perf_counter() - start
@@ -69,6 +72,6 @@ def _dispatchers(tiering: bool) -> list:
 
     found = [getattr(module, name)
              for module in (optim, kernels, alltoall, collection,
-                            *((freq, hotsum) if tiering else ()))
+                            *((freq, hotcold, hotsum) if tiering else ()))
              for name in dir(module)]
     return [d for d in found if hasattr(d, "stats") and hasattr(d.stats, "cache_misses")]

@@ -14,7 +14,15 @@ from embeddings.freq import (
     LookupTotals,
     oracle_hit_rate,
 )
-from embeddings.hotcold import HotSetPlanner, best, hot_capacity, merge_seen, retier_due
+from embeddings.hotcold import (
+    HotSetPlanner,
+    _union,
+    _within,
+    best,
+    hot_capacity,
+    merge_seen,
+    retier_due,
+)
 from hpctrain.config import load_config
 from hpctrain.data.synthetic import SyntheticClicks
 from hpctrain.errors import ConfigError
@@ -258,3 +266,17 @@ def test_lookup_totals_dense_and_sparse_count_alike(batches, capacity):
     expected = oracle_hit_rate(total, capacity)
     assert dense.hit_rate(capacity) == pytest.approx(expected)
     assert sparse.hit_rate(capacity) == pytest.approx(expected)
+
+
+@given(st.sets(st.integers(0, 60)), st.sets(st.integers(0, 60)))
+def test_sorted_set_passes_agree_with_numpy(a, b):
+    """The planner's one-pass kernels on sorted unique rows: membership, and the union with
+    each row's latest step."""
+    a, b = np.array(sorted(a), np.int64), np.array(sorted(b), np.int64)
+    np.testing.assert_array_equal(_within(a, b), np.isin(a, b))
+    rows, last = _union(a, a % 7, b, b % 5)
+    np.testing.assert_array_equal(rows, np.union1d(a, b))
+    want = np.full(61, -1)
+    want[a] = a % 7
+    want[b] = np.maximum(want[b], b % 5)
+    np.testing.assert_array_equal(last, want[rows])
