@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numba
 import numpy as np
 import torch
 
@@ -83,19 +84,16 @@ class HotTier:
         ``promoted`` rows take theirs from ``read(rows)`` (laid out as :meth:`export` lays
         it out), called on chunks of :data:`CHUNK` rows: besides the old and the new
         arrays only a chunk is held at a time."""
-        kept, slots = self.locate(hot)
-        fresh = np.flatnonzero(~kept)
-        if len(fresh) != len(promoted) or not np.array_equal(hot[fresh], promoted):
-            raise ValueError("the new hot set must be the kept rows plus the promoted ones")
         weight = torch.empty((len(hot), self.dim), dtype=torch.float32, device=self.device)
         state = torch.empty((len(hot), self.state_width), dtype=torch.float32,
                             device=self.device)
-        where_kept = np.flatnonzero(kept)
-        for lo in range(0, len(where_kept), CHUNK):
-            to = self._index(where_kept[lo: lo + CHUNK])
-            source = self._index(slots[where_kept[lo: lo + CHUNK]])
-            weight[to] = self.weight[source]
-            state[to] = self.state[source]
+        if self.device.type == "cpu":
+            fresh = _carry(self.rows, hot, self.weight.numpy(), self.state.numpy(),
+                           weight.numpy(), state.numpy())
+        else:
+            fresh = self._carry_on_device(hot, weight, state)
+        if len(fresh) != len(promoted) or not np.array_equal(hot[fresh], promoted):
+            raise ValueError("the new hot set must be the kept rows plus the promoted ones")
         for lo in range(0, len(fresh), CHUNK):
             to = self._index(fresh[lo: lo + CHUNK])
             incoming = torch.from_numpy(np.ascontiguousarray(
@@ -104,6 +102,18 @@ class HotTier:
             state[to] = incoming[:, self.dim:]
         self.rows, self.weight, self.state = hot, weight, state
         self._located = []
+
+    def _carry_on_device(self, hot: np.ndarray, weight: torch.Tensor,
+                         state: torch.Tensor) -> np.ndarray:
+        """:func:`_carry` by torch indexing in chunks of :data:`CHUNK` rows."""
+        kept, slots = self.locate(hot)
+        where_kept = np.flatnonzero(kept)
+        for lo in range(0, len(where_kept), CHUNK):
+            to = self._index(where_kept[lo: lo + CHUNK])
+            source = self._index(slots[where_kept[lo: lo + CHUNK]])
+            weight[to] = self.weight[source]
+            state[to] = self.state[source]
+        return np.flatnonzero(~kept)
 
     def copy_from(self, other: HotTier) -> None:
         """Take ``other``'s rows, values and state (a replica refresh)."""
@@ -121,3 +131,24 @@ class HotTier:
     @staticmethod
     def _host(values: torch.Tensor) -> np.ndarray:
         return values.cpu().numpy() if values.device.type != "cpu" else values.numpy()
+
+
+@numba.njit(cache=True, nogil=True)
+def _carry(old_rows, new_rows, old_weight, old_state, new_weight, new_state):  # pragma: no cover
+    """Copy the values and state of the rows both sorted ``old_rows`` and ``new_rows`` hold
+    to their new places, in one pass over both (a re-tiering keeps most of the hot set);
+    returns the positions in ``new_rows`` of the others."""
+    fresh = np.empty(len(new_rows), np.int64)
+    n = j = 0
+    for i in range(len(new_rows)):
+        while j < len(old_rows) and old_rows[j] < new_rows[i]:
+            j += 1
+        if j < len(old_rows) and old_rows[j] == new_rows[i]:
+            for k in range(new_weight.shape[1]):
+                new_weight[i, k] = old_weight[j, k]
+            for k in range(new_state.shape[1]):
+                new_state[i, k] = old_state[j, k]
+        else:
+            fresh[n] = i
+            n += 1
+    return fresh[:n]

@@ -2,12 +2,12 @@
 
 On a machine's first run numba compiles the lookups' unique rows, the sparse optimizers, the
 gradient coalescing, the reduction kernels, the all-to-all's count passes, the frequency
-sketch, the hot-set planner's passes and the hot-gradient records' sum (``cache=True``:
-later runs load them from ``__pycache__``); compiling inside the first step left the
-progress bar at step 1 for seconds with no word why. :func:`prepare_kernels` runs each
-kernel once on a few elements, through the same entry points and argument types as the step,
-and says on rank 0 how long that took and whether the kernels were compiled or loaded from
-numba's cache.
+sketch, the hot-set planner's passes, the hot tier's re-tiering copy and the hot-gradient
+records' sum (``cache=True``: later runs load them from ``__pycache__``); compiling inside
+the first step left the progress bar at step 1 for seconds with no word why.
+:func:`prepare_kernels` runs each kernel once on a few elements, through the same entry
+points and argument types as the step, and says on rank 0 how long that took and whether
+the kernels were compiled or loaded from numba's cache.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from embeddings import collection, freq, hotcold, hotsum
+from embeddings import collection, freq, hotcold, hotsum, hottier
 from embeddings.optim import SparseOptimizer, coalesce
 from hpctrain.comm import alltoall, kernels
 
@@ -54,6 +54,8 @@ def prepare_kernels(optimizers: Sequence[SparseOptimizer], tiering: bool) -> tup
         planner = hotcold.HotSetPlanner(freq.FrequencyTracker([4], 8, 4, 1), 1)
         planner.record(unique, np.ones(2, np.float32), np.zeros(2, np.int64))
         planner.plan()
+        values, state = np.ones((2, 4), np.float32), np.ones((2, 1), np.float32)
+        hottier._carry(unique, unique, values, state, values.copy(), state.copy())
         records = np.array([1, 0, 1, 2], np.float32)  # one worker's region: 1 record
         hotsum._sum_records(records, 1, 4, 3, np.full(2, -1, np.int64), np.float32(1))
     seconds = time.perf_counter() - start
@@ -72,6 +74,6 @@ def _dispatchers(tiering: bool) -> list:
 
     found = [getattr(module, name)
              for module in (optim, kernels, alltoall, collection,
-                            *((freq, hotcold, hotsum) if tiering else ()))
+                            *((freq, hotcold, hotsum, hottier) if tiering else ()))
              for name in dir(module)]
     return [d for d in found if hasattr(d, "stats") and hasattr(d.stats, "cache_misses")]
