@@ -186,12 +186,14 @@ def _training(args: argparse.Namespace, config: JobConfig,
 
 def _train(args: argparse.Namespace, config: JobConfig, topo: Topology, zipf: float,
            budget: float, scratch: str) -> dict[str, float]:
-    """One training run; world rank 0 returns its traffic and throughput."""
+    """One training run; world rank 0 returns its traffic and throughput. The run writes no
+    checkpoint: saving writes every hot row back to the servers, traffic of no step."""
     samples = max(args.train_steps * config.train.batch_size, args.prescan)
     base = load_config(args.job, overrides=[
         f"data.table_sizes=[{', '.join([str(args.rows)] * args.tables)}]",
         f"data.zipf={zipf}", f"data.train_samples={samples}", f"tiering.prescan={args.prescan}",
         "data.eval_samples=1000", f"train.steps={args.train_steps}", "train.progress=false",
+        "checkpoint.at_end=false", "checkpoint.every_minutes=0",
         f"ps.servers={topo.roles.servers}", f"tiering.budget={budget}",
         f"train.run_dir={f'{scratch}/z{zipf}-b{budget}'!r}", *args.set])
     job = dataclasses.replace(base, runtime=config.runtime)
