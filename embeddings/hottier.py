@@ -117,7 +117,7 @@ class HotTier:
 
     def copy_from(self, other: HotTier) -> None:
         """Take ``other``'s rows, values and state (a replica refresh)."""
-        self.rows, self._located = other.rows, other._located
+        self.rows, self._located = other.rows, list(other._located)  # same rows, same answers
         self.weight = other.weight.clone()
         self.state = other.state.clone()
 

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from embeddings.alltoall import ShardedTables
-from embeddings.collection import EmbeddingCollection, sorted_unique
+from embeddings.collection import EmbeddingCollection, lookup_rows, sorted_unique
 from embeddings.hotcold import hot_capacity, hot_row_bytes
 from embeddings.optim import SparseOptimizer
 from embeddings.replicated import ReplicatedTables
@@ -256,8 +256,9 @@ def _tiered(config: JobConfig, topo: Topology, layout: TableLayout, client: PSCl
 
     def hot(work: StepWork) -> list[float]:
         counts = [0.0] * group.size
-        counts[group.rank] = tiered.hot_count(sorted_unique(np.concatenate(
-            [lk.rows for lk in work.lookups])))
+        rows = lookup_rows(work.lookups)  # one lookup's rows are unique: the tier knows them
+        counts[group.rank] = tiered.hot_count(rows if len(work.lookups) == 1
+                                              else sorted_unique(rows))
         return counts
 
     stats.add("hot", hot, size=group.size, then=tiered.expect)
