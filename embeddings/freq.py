@@ -165,32 +165,55 @@ class FrequencyTracker:
 
 
 class LookupTotals:
-    """Exact lookup counts of every row seen (what the oracle hit rate ranks): one float32
-    per row of the tables when that takes at most ``dense_bytes``, else sorted
-    (row, count) pairs of the rows seen, merged as counts arrive."""
+    """Exact lookup counts of every row seen (what the oracle hit rate ranks): sorted
+    (row, count) pairs of the rows seen, merged as counts arrive, until one float32 per row
+    of the tables takes less memory and at most ``dense_bytes``; then those."""
 
     def __init__(self, total_rows: int, dense_bytes: int) -> None:
-        self.dense = 4 * total_rows <= dense_bytes
-        self.counts = np.zeros(total_rows if self.dense else 0, dtype=np.float32)
+        self.total_rows = total_rows
+        self.dense_bytes = dense_bytes
+        self.dense = False
+        self.counts = np.empty(0, dtype=np.float32)
         self.rows = np.empty(0, dtype=np.int64)
 
     def add(self, rows: np.ndarray, counts: np.ndarray) -> None:
         """Count ``counts`` more lookups of ``rows`` (sorted, unique)."""
+        counts = np.asarray(counts, dtype=np.float32)
         if self.dense:
             self.counts[rows] += counts
             return
         if len(rows) == 0:
             return
-        both = np.concatenate([self.rows, rows])
-        order = np.argsort(both, kind="stable")
-        both = both[order]
-        starts = np.flatnonzero(np.concatenate([[True], both[1:] != both[:-1]]))
-        summed = np.concatenate([self.counts, np.asarray(counts, np.float32)])[order]
-        self.rows = both[starts]
-        self.counts = np.add.reduceat(summed, starts)
+        self.rows, self.counts = _merge_sum(self.rows, self.counts, rows, counts)
+        dense = 4 * self.total_rows
+        if dense <= min(self.rows.nbytes + self.counts.nbytes, self.dense_bytes):
+            counts = np.zeros(self.total_rows, dtype=np.float32)
+            counts[self.rows] = self.counts
+            self.dense, self.counts, self.rows = True, counts, np.empty(0, dtype=np.int64)
 
     def hit_rate(self, capacity: int) -> float:
         return oracle_hit_rate(self.counts, capacity)
+
+
+@numba.njit(cache=True, nogil=True)
+def _merge_sum(a, a_counts, b, b_counts):  # pragma: no cover - compiled
+    """Sorted unique ``a`` and ``b`` merged, the counts of a row in both summed: one pass."""
+    rows = np.empty(len(a) + len(b), np.int64)
+    counts = np.empty(len(a) + len(b), np.float32)
+    i = j = n = 0
+    while i < len(a) or j < len(b):
+        if j == len(b) or (i < len(a) and a[i] < b[j]):
+            rows[n], counts[n] = a[i], a_counts[i]
+            i += 1
+        elif i == len(a) or b[j] < a[i]:
+            rows[n], counts[n] = b[j], b_counts[j]
+            j += 1
+        else:
+            rows[n], counts[n] = a[i], a_counts[i] + b_counts[j]
+            i += 1
+            j += 1
+        n += 1
+    return rows[:n].copy(), counts[:n].copy()
 
 
 def oracle_hit_rate(counts: np.ndarray, capacity: int) -> float:

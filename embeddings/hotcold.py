@@ -5,8 +5,8 @@ kept replicated on the workers (:mod:`embeddings.tiered`). Every ``interval`` st
 workers merge the counts they saw and each runs :meth:`HotSetPlanner.plan` on the same
 input, so they agree on the hot set without sending it.
 
-- **Budget**: :func:`hot_capacity` turns a budget in rows, bytes (values and optimizer state
-  and the row id) or a fraction of all rows into a row count, at most every row.
+- **Budget**: :func:`hot_capacity` turns a budget in rows, bytes (values and optimizer state,
+  the row id and its slot) or a fraction of all rows into a row count, at most every row.
 - **LFU** (default): the rows with the highest decayed lookup counts
   (:class:`~embeddings.freq.FrequencyTracker`); ties go to the most recently seen, then the
   lower row.
@@ -39,13 +39,14 @@ POLICIES = ("lfu", "lru")
 BUDGET_UNITS = ("fraction", "rows", "bytes")
 
 _NO_ROWS = np.empty(0, dtype=np.int64)
+_NO_STEPS = np.empty(0, dtype=np.int32)  # steps are kept as int32: a pool row costs 12 bytes
 
 
 def hot_row_bytes(dim: int, state_width: int, delayed: bool = False) -> int:
-    """Bytes one hot row costs on each worker: its id (int64), values and optimizer state
-    (float32); ``delayed`` (a staleness bound above 0) adds the shared base copy, the
-    accumulated gradient and a touched flag (see :mod:`embeddings.tiered`)."""
-    row = 8 + 4 * (dim + state_width)
+    """Bytes one hot row costs on each worker: its id and its slot (int64 each), values and
+    optimizer state (float32); ``delayed`` (a staleness bound above 0) adds the shared base
+    copy, the accumulated gradient and a touched flag (see :mod:`embeddings.tiered`)."""
+    row = 16 + 4 * (dim + state_width)
     return row + 4 * (dim + state_width) + 4 * dim + 1 if delayed else row
 
 
@@ -124,7 +125,7 @@ class HotSetPlanner:
         self.admission = admission
         self.decay = decay
         self.hot = _NO_ROWS
-        self._pool, self._pool_last = _NO_ROWS, _NO_ROWS  # hot set and reserve, sorted
+        self._pool, self._pool_last = _NO_ROWS, _NO_STEPS  # hot set and reserve, sorted
         self._seen: list[tuple[np.ndarray, np.ndarray]] = []
 
     def record(self, rows: np.ndarray, counts: np.ndarray, last: np.ndarray) -> None:
@@ -136,24 +137,34 @@ class HotSetPlanner:
     def consider(self, rows: np.ndarray, last: np.ndarray) -> None:
         """Make ``rows`` (sorted, unique; ``last`` the step each was last seen) candidates of
         the next plan without counting them: their counts are in the tracker already."""
-        self._seen.append((rows, last))
+        self._seen.append((rows, np.asarray(last, dtype=np.int32)))
 
     def plan(self) -> Retier:
-        """The next hot set; then every count decays by ``decay``."""
+        """The next hot set; then every count decays by ``decay``.
+
+        Memory: besides the candidates and their counts, a few flags and one partition's
+        copy per candidate; the last pool is let go once merged."""
         candidates, latest = self._pool, self._pool_last
+        self._pool, self._pool_last = _NO_ROWS, _NO_STEPS
         for rows, last in self._seen:
-            candidates, latest = _union(candidates, latest, rows, last)
+            candidates, latest = _union(candidates, latest, rows, last) if len(candidates) \
+                else (rows, last)
         self._seen = []
         freq = self.tracker.estimate(candidates)
         hot = _within(candidates, self.hot)
-        first, second = (freq, latest) if self.policy == "lfu" else (latest, freq)
-        if self.policy == "lfu" and self.admission:
-            first = freq + np.float32(self.admission) * hot
-        eligible = np.flatnonzero((freq >= self.admission) | hot)
-        chosen = eligible[best(first[eligible], second[eligible], self.capacity)]
-        pool = eligible[best(first[eligible], second[eligible], 2 * self.capacity)]
+        eligible = (freq >= self.admission) | hot
+        if self.policy == "lfu":
+            first, second = freq, latest  # freq is not needed as such any more
+            if self.admission:
+                np.add(first, np.float32(self.admission), out=first, where=hot)
+            first[~eligible] = -1.0  # below every count: the ineligible come last
+        else:
+            first, second = np.where(eligible, latest, -2), freq  # steps start at -1
+        eligible = int(np.count_nonzero(eligible))
+        # the best 2 x capacity include the best capacity
+        pool = np.sort(best(first, second, min(2 * self.capacity, eligible)))
+        chosen = pool[best(first[pool], second[pool], min(self.capacity, eligible))]
         hot = np.sort(candidates[chosen])
-        pool = np.sort(pool)  # the best 2 x capacity include the best capacity
         self._pool, self._pool_last = candidates[pool], latest[pool]
         self.tracker.decay(self.decay)
         retier = Retier(hot, hot[~_within(hot, self.hot)], self.hot[~_within(self.hot, hot)])
@@ -166,7 +177,7 @@ def _union(a, a_last, b, b_last):  # pragma: no cover - compiled
     """Sorted unique ``a`` and ``b`` merged, each row with the later of its steps: one pass
     (the hot set's candidates are a few times its capacity, too many to sort each time)."""
     rows = np.empty(len(a) + len(b), np.int64)
-    last = np.empty(len(a) + len(b), np.int64)
+    last = np.empty(len(a) + len(b), np.int32)
     i = j = n = 0
     while i < len(a) or j < len(b):
         if j == len(b) or (i < len(a) and a[i] < b[j]):

@@ -54,7 +54,8 @@ class HotRider:
                         and capacity < EXACT_BELOW)
         self.size = workers * self.region if self.records else capacity * self.width
         """Float32 values of the segment."""
-        self._where = np.full(capacity, -1, dtype=np.int64)  # scratch of the records' sum
+        # scratch of the records' sum; slots are below EXACT_BELOW
+        self._where = np.full(capacity, -1, dtype=np.int32)
         self.applied = 0  # sums applied
         self.rows_applied = 0  # unique hot rows updated by them
 

@@ -1,12 +1,15 @@
 """The hot tier: a sorted set of rows with their values and optimizer state, one replica per
 worker, in host memory or on the worker's GPU (chosen at run time by the device passed in).
 
-Looking a row up is a binary search in the sorted row ids and a gather; a step asks where
-the same rows are several times (counting, pull, gradients, push), so the answers for the
-last few arrays of rows are kept, by identity, until the hot set changes: arrays of rows
-handed to :meth:`HotTier.locate` are never modified afterwards. An update runs the
-sparse optimizer where the rows are (numba kernels on host memory, the same formulas as
-torch ops on a GPU). Keeping the replicas equal is the caller's job
+Each hot row sits in a slot of fixed value and state arrays; a re-tiering writes the
+promoted rows into the slots the demoted ones free and leaves the kept rows where they are,
+so it copies no kept row and holds no second tier. Looking a row up is a binary search in
+the sorted row ids, then its slot; a step asks where the same rows are several times
+(counting, pull, gradients, push), so the answers for the last few arrays of rows are
+kept, by identity, until the hot set changes: arrays of rows handed to
+:meth:`HotTier.locate` are never modified afterwards. An update runs the sparse optimizer
+where the rows are (numba kernels on host memory, the same formulas as torch ops on a
+GPU). Keeping the replicas equal is the caller's job
 (:class:`~embeddings.tiered.TieredStore` applies the same summed gradients everywhere).
 """
 
@@ -27,7 +30,8 @@ _KEEP = 2  # located arrays remembered: this step's rows and the next step's
 
 
 class HotTier:
-    """Hot rows (sorted global row ids) with values ``[K, dim]`` and state ``[K, state]``."""
+    """Hot rows (sorted global row ids), each in a slot of values ``[S, dim]`` and state
+    ``[S, state]``; ``S`` (:attr:`slots`) is the most rows the tier has held."""
 
     def __init__(self, dim: int, optimizer: SparseOptimizer, device: torch.device) -> None:
         self.dim = dim
@@ -35,12 +39,18 @@ class HotTier:
         self.device = device
         self.state_width = optimizer.state_width(dim)
         self.rows = np.empty(0, dtype=np.int64)
+        self.slot_of = np.empty(0, dtype=np.int64)  # the slot of each of `rows`
         self.weight = torch.empty((0, dim), dtype=torch.float32, device=device)
         self.state = torch.empty((0, self.state_width), dtype=torch.float32, device=device)
         self._located: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
 
     def __len__(self) -> int:
         return len(self.rows)
+
+    @property
+    def slots(self) -> int:
+        """Slots of the value and state arrays: every slot :meth:`locate` gives is below."""
+        return self.weight.shape[0]
 
     def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """For global ``rows``: which are hot (bool mask) and their slots (valid where hot).
@@ -49,10 +59,11 @@ class HotTier:
             if seen is rows:
                 self._located.insert(0, self._located.pop(at))
                 return hot, slots
-        slots = np.searchsorted(self.rows, rows)
+        at = np.searchsorted(self.rows, rows)
         hot = np.zeros(len(rows), dtype=bool)
-        inside = slots < len(self.rows)
-        hot[inside] = self.rows[slots[inside]] == rows[inside]
+        inside = at < len(self.rows)
+        hot[inside] = self.rows[at[inside]] == rows[inside]
+        slots = self.slot_of.take(at, mode="clip") if len(self.rows) else at
         hot.flags.writeable = slots.flags.writeable = False
         self._located = [(rows, hot, slots), *self._located[: _KEEP - 1]]
         return hot, slots
@@ -80,50 +91,43 @@ class HotTier:
 
     def replace(self, hot: np.ndarray, promoted: np.ndarray,
                 read: Callable[[np.ndarray], np.ndarray]) -> None:
-        """Become the rows ``hot`` (sorted): rows already here keep their values and state,
-        ``promoted`` rows take theirs from ``read(rows)`` (laid out as :meth:`export` lays
-        it out), called on chunks of :data:`CHUNK` rows: besides the old and the new
-        arrays only a chunk is held at a time."""
-        weight = torch.empty((len(hot), self.dim), dtype=torch.float32, device=self.device)
-        state = torch.empty((len(hot), self.state_width), dtype=torch.float32,
-                            device=self.device)
-        if self.device.type == "cpu":
-            fresh = _carry(self.rows, hot, self.weight.numpy(), self.state.numpy(),
-                           weight.numpy(), state.numpy())
-        else:
-            fresh = self._carry_on_device(hot, weight, state)
+        """Become the rows ``hot`` (sorted): rows already here keep their slots, values and
+        state; ``promoted`` rows take the slots the others free, their values and state
+        from ``read(rows)`` (laid out as :meth:`export` lays it out), called on chunks of
+        :data:`CHUNK` rows, so that besides the tier only a chunk is held at a time."""
+        if len(hot) > self.slots:
+            self._grow(len(hot))
+        slot_of, fresh = _reslot(self.rows, self.slot_of, hot, self.slots)
         if len(fresh) != len(promoted) or not np.array_equal(hot[fresh], promoted):
             raise ValueError("the new hot set must be the kept rows plus the promoted ones")
         for lo in range(0, len(fresh), CHUNK):
-            to = self._index(fresh[lo: lo + CHUNK])
+            to = self._index(slot_of[fresh[lo: lo + CHUNK]])
             incoming = torch.from_numpy(np.ascontiguousarray(
                 read(promoted[lo: lo + CHUNK]))).to(self.device)
-            weight[to] = incoming[:, : self.dim]
-            state[to] = incoming[:, self.dim:]
-        self.rows, self.weight, self.state = hot, weight, state
+            self.weight[to] = incoming[:, : self.dim]
+            self.state[to] = incoming[:, self.dim:]
+        self.rows, self.slot_of = hot, slot_of
         self._located = []
 
-    def _carry_on_device(self, hot: np.ndarray, weight: torch.Tensor,
-                         state: torch.Tensor) -> np.ndarray:
-        """:func:`_carry` by torch indexing in chunks of :data:`CHUNK` rows."""
-        kept, slots = self.locate(hot)
-        where_kept = np.flatnonzero(kept)
-        for lo in range(0, len(where_kept), CHUNK):
-            to = self._index(where_kept[lo: lo + CHUNK])
-            source = self._index(slots[where_kept[lo: lo + CHUNK]])
-            weight[to] = self.weight[source]
-            state[to] = self.state[source]
-        return np.flatnonzero(~kept)
+    def _grow(self, slots: int) -> None:
+        """Widen the value and state arrays to ``slots`` slots, keeping every slot's rows."""
+        weight = torch.zeros((slots, self.dim), dtype=torch.float32, device=self.device)
+        state = torch.zeros((slots, self.state_width), dtype=torch.float32, device=self.device)
+        weight[: self.slots] = self.weight
+        state[: self.slots] = self.state
+        self.weight, self.state = weight, state
 
     def copy_from(self, other: HotTier) -> None:
         """Take ``other``'s rows, values and state (a replica refresh)."""
-        self.rows, self._located = other.rows, list(other._located)  # same rows, same answers
+        self.rows, self.slot_of = other.rows, other.slot_of
+        self._located = list(other._located)  # same rows and slots, same answers
         self.weight = other.weight.clone()
         self.state = other.state.clone()
 
     @property
     def resident_bytes(self) -> int:
-        return (self.rows.nbytes + self.weight.numel() * 4 + self.state.numel() * 4)
+        return (self.rows.nbytes + self.slot_of.nbytes + self.weight.numel() * 4
+                + self.state.numel() * 4)
 
     def _index(self, slots: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(slots, dtype=np.int64)).to(self.device)
@@ -134,21 +138,27 @@ class HotTier:
 
 
 @numba.njit(cache=True, nogil=True)
-def _carry(old_rows, new_rows, old_weight, old_state, new_weight, new_state):  # pragma: no cover
-    """Copy the values and state of the rows both sorted ``old_rows`` and ``new_rows`` hold
-    to their new places, in one pass over both (a re-tiering keeps most of the hot set);
-    returns the positions in ``new_rows`` of the others."""
+def _reslot(old_rows, old_slots, new_rows, slots):  # pragma: no cover - compiled
+    """Slots of sorted ``new_rows``: a row also in sorted ``old_rows`` keeps its slot in
+    ``old_slots``, the others take the free slots below ``slots`` in order. Returns the
+    slots and the positions in ``new_rows`` of the rows not kept. One pass over both."""
+    slot_of = np.empty(len(new_rows), np.int64)
     fresh = np.empty(len(new_rows), np.int64)
+    used = np.zeros(slots, np.bool_)
     n = j = 0
     for i in range(len(new_rows)):
         while j < len(old_rows) and old_rows[j] < new_rows[i]:
             j += 1
         if j < len(old_rows) and old_rows[j] == new_rows[i]:
-            for k in range(new_weight.shape[1]):
-                new_weight[i, k] = old_weight[j, k]
-            for k in range(new_state.shape[1]):
-                new_state[i, k] = old_state[j, k]
+            slot_of[i] = old_slots[j]
+            used[old_slots[j]] = True
         else:
             fresh[n] = i
             n += 1
-    return fresh[:n]
+    free = 0
+    for k in range(n):
+        while used[free]:
+            free += 1
+        slot_of[fresh[k]] = free
+        free += 1
+    return slot_of, fresh[:n]

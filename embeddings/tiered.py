@@ -60,7 +60,7 @@ from embeddings.collection import sorted_unique
 from embeddings.freq import FrequencyTracker, LookupTotals
 from embeddings.hotcold import HotSetPlanner, Retier, best, hot_row_bytes, merge_seen, retier_due
 from embeddings.hotsum import HotRider
-from embeddings.hottier import HotTier
+from embeddings.hottier import CHUNK, HotTier
 from embeddings.optim import SparseOptimizer, coalesce
 from embeddings.tables import TableLayout, pack_rows, unpack_rows
 from embeddings.types import BackingStore, EmbeddingStore, RowSink, RowSource
@@ -157,7 +157,8 @@ class TieredStore(EmbeddingStore):
         self._expected: np.ndarray | None = None  # hot rows of each worker's coming push
         self._seen: list[tuple[np.ndarray, np.ndarray, int]] = []
         row = hot_row_bytes(layout.dim, optimizer.state_width(layout.dim), staleness != 0)
-        # worker 0's exact lookup counts, in no more memory than the hot tier's
+        # worker 0's exact lookup counts: of the rows seen, or of every row once that takes
+        # less memory and no more than the hot tier
         self._oracle = LookupTotals(layout.total_rows, capacity * row) \
             if group.rank == 0 else None
         # [lookups, hits] per table since the last merge, and up to it (what the oracle saw)
@@ -227,7 +228,8 @@ class TieredStore(EmbeddingStore):
         self.stats.warm_start_count_bytes = int(2 * (workers - 1) / workers * tracker.nbytes
                                                 + (len(everyone) - len(candidates)) * 8)
         rows = sorted_unique(everyone)
-        self.planner.consider(rows, np.full(len(rows), -1, dtype=np.int64))
+        del everyone, candidates  # not held through the plan
+        self.planner.consider(rows, np.full(len(rows), -1, dtype=np.int32))
         if not self.everything_hot:
             plan = self.planner.plan()
             self._write_back(plan.demoted)
@@ -407,11 +409,11 @@ class TieredStore(EmbeddingStore):
         into = into or self.hot
         workers = self.comm.Get_size()
         share = (workers - 1) / workers
-        dense = 2 * share * len(into) * (self.dim + 1) * 4
+        dense = 2 * share * into.slots * (self.dim + 1) * 4
         sparse = share * total * (self.dim + 2) * 4
         if dense <= sparse * (_SHM_ADVANTAGE if self.group.layout.nodes == 1 else 1):
-            if len(self._block) != len(into):
-                self._block = np.empty((len(into), self.dim + 1), dtype=np.float32)
+            if len(self._block) != into.slots:
+                self._block = np.empty((into.slots, self.dim + 1), dtype=np.float32)
             block = self._block
             block.fill(0.0)
             block[slots, : self.dim] = grads
@@ -454,25 +456,28 @@ class TieredStore(EmbeddingStore):
 
     def _write_back(self, rows: np.ndarray) -> None:
         """This worker's share of ``rows`` (every ``W``-th) written to the cold store with
-        values and optimizer state, acknowledged; then an ``Ibarrier`` over the workers."""
+        values and optimizer state in chunks of :data:`CHUNK` rows, acknowledged; then an
+        ``Ibarrier`` over the workers."""
         mine = rows[self.comm.Get_rank():: self.comm.Get_size()]
-        if len(mine):
-            self.cold.write(mine, self.hot.export(self.hot.locate(mine)[1]))
+        for lo in range(0, len(mine), CHUNK):  # a chunk's message at a time, not the tier's
+            part = mine[lo: lo + CHUNK]
+            self.cold.write(part, self.hot.export(self.hot.locate(part)[1]))
         wait_all([self.comm.Ibarrier()], Wait("barrier", self.comm))
 
     def _install(self, plan: Retier) -> None:
         """Become ``plan``'s hot set, the promoted rows read from the cold store in chunks
-        (each ``READ`` at this worker's clock, so all see the same values), so that a
-        re-tiering holds at most the old and the new tier, not also every promoted row's
-        message."""
+        (each ``READ`` at this worker's clock, so all see the same values) into the slots
+        the demoted rows free: a re-tiering holds the tier and one chunk, not also every
+        promoted row's message."""
         self.hot.replace(plan.hot, plan.promoted, self.cold.read)
         self.stats.rows_promoted += len(plan.promoted)
         self.stats.rows_demoted += len(plan.demoted)
         if self.base is not None:
             self.base.copy_from(self.hot)
-            self._pending = np.zeros((len(self.hot), self.dim), dtype=np.float32)
-            self._touched = np.zeros(len(self.hot), dtype=bool)
-        extra = 0 if self.base is None else (self.base.resident_bytes - self.hot.rows.nbytes
+            self._pending = np.zeros((self.hot.slots, self.dim), dtype=np.float32)
+            self._touched = np.zeros(self.hot.slots, dtype=bool)
+        shared = self.hot.rows.nbytes + self.hot.slot_of.nbytes  # the base shares them
+        extra = 0 if self.base is None else (self.base.resident_bytes - shared
                                              + self._pending.nbytes + self._touched.nbytes)
         self.stats.resident_bytes = max(self.stats.resident_bytes,
                                         self.hot.resident_bytes + extra)

@@ -54,10 +54,10 @@ def prepare_kernels(optimizers: Sequence[SparseOptimizer], tiering: bool) -> tup
         planner = hotcold.HotSetPlanner(freq.FrequencyTracker([4], 8, 4, 1), 1)
         planner.record(unique, np.ones(2, np.float32), np.zeros(2, np.int64))
         planner.plan()
-        values, state = np.ones((2, 4), np.float32), np.ones((2, 1), np.float32)
-        hottier._carry(unique, unique, values, state, values.copy(), state.copy())
+        hottier._reslot(unique, np.arange(2), unique, 2)
+        freq.LookupTotals(4, 16).add(unique, np.ones(2, np.float32))
         records = np.array([1, 0, 1, 2], np.float32)  # one worker's region: 1 record
-        hotsum._sum_records(records, 1, 4, 3, np.full(2, -1, np.int64), np.float32(1))
+        hotsum._sum_records(records, 1, 4, 3, np.full(2, -1, np.int32), np.float32(1))
     seconds = time.perf_counter() - start
     compiled = sum(sum(d.stats.cache_misses.values()) for d in dispatchers) - misses
     if compiled:

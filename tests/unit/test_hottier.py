@@ -30,3 +30,30 @@ def test_locate_finds_hot_rows_and_remembers_the_answer_until_the_hot_set_change
     hot, slots = tier.locate(rows)  # the same array after a re-tiering: searched again
     np.testing.assert_array_equal(hot, [True, True, True, False])
     np.testing.assert_array_equal(tier.gather(slots[hot]), [[0, 0], [3, 3], [9, 9]])
+
+
+def test_a_retiering_writes_promoted_rows_into_freed_slots_and_leaves_kept_rows_in_place():
+    tier = _tier([2, 4, 6, 8])
+    weight = tier.weight
+    kept_slots = tier.locate(np.array([4, 8], dtype=np.int64))[1].copy()
+    tier.apply(kept_slots, np.ones((2, 2), np.float32), 0.5)  # kept rows move away from 4, 8
+    tier.replace(np.array([1, 4, 8, 9], dtype=np.int64), np.array([1, 9], dtype=np.int64),
+                 lambda r: np.full((len(r), 2), -1.0, np.float32))
+    assert tier.weight is weight  # no second tier: the arrays are the same
+    rows = np.array([1, 4, 8, 9], dtype=np.int64)
+    hot, slots = tier.locate(rows)
+    assert hot.all()
+    np.testing.assert_array_equal(slots[1:3], kept_slots)
+    np.testing.assert_array_equal(sorted(slots), [0, 1, 2, 3])  # the freed slots, reused
+    np.testing.assert_array_equal(tier.gather(slots), [[-1, -1], [3.5, 3.5], [7.5, 7.5],
+                                                       [-1, -1]])
+
+    tier.replace(np.arange(6, dtype=np.int64), np.array([0, 2, 3, 5], dtype=np.int64),
+                 lambda r: np.repeat(r[:, None], 2, axis=1).astype(np.float32))
+    assert tier.slots == 6  # grown for more rows, the kept ones still there
+    hot, slots = tier.locate(np.arange(6, dtype=np.int64))
+    np.testing.assert_array_equal(tier.gather(slots), [[0, 0], [-1, -1], [2, 2], [3, 3],
+                                                       [3.5, 3.5], [5, 5]])
+    with np.testing.assert_raises(ValueError):  # a promoted row that is kept
+        tier.replace(np.arange(6, dtype=np.int64), np.array([1], dtype=np.int64),
+                     lambda r: np.zeros((len(r), 2), np.float32))
