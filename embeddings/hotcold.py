@@ -143,7 +143,8 @@ class HotSetPlanner:
         """The next hot set; then every count decays by ``decay``.
 
         Memory: besides the candidates and their counts, a few flags and one partition's
-        copy per candidate; the last pool is let go once merged."""
+        copy per candidate; the last pool is let go once merged, the counts before the new
+        pool is copied out."""
         candidates, latest = self._pool, self._pool_last
         self._pool, self._pool_last = _NO_ROWS, _NO_STEPS
         for rows, last in self._seen:
@@ -152,7 +153,8 @@ class HotSetPlanner:
         self._seen = []
         freq = self.tracker.estimate(candidates)
         hot = _within(candidates, self.hot)
-        eligible = (freq >= self.admission) | hot
+        eligible = freq >= self.admission
+        eligible |= hot
         if self.policy == "lfu":
             first, second = freq, latest  # freq is not needed as such any more
             if self.admission:
@@ -160,11 +162,15 @@ class HotSetPlanner:
             first[~eligible] = -1.0  # below every count: the ineligible come last
         else:
             first, second = np.where(eligible, latest, -2), freq  # steps start at -1
+        del freq, hot
         eligible = int(np.count_nonzero(eligible))
         # the best 2 x capacity include the best capacity
-        pool = np.sort(best(first, second, min(2 * self.capacity, eligible)))
+        pool = best(first, second, min(2 * self.capacity, eligible))
+        pool.sort()
         chosen = pool[best(first[pool], second[pool], min(self.capacity, eligible))]
-        hot = np.sort(candidates[chosen])
+        del first, second  # before the copies below
+        hot = candidates[chosen]
+        hot.sort()
         self._pool, self._pool_last = candidates[pool], latest[pool]
         self.tracker.decay(self.decay)
         retier = Retier(hot, hot[~_within(hot, self.hot)], self.hot[~_within(self.hot, hot)])

@@ -25,7 +25,7 @@ from embeddings.optim import SparseOptimizer
 
 __all__ = ["HotTier", "CHUNK"]
 
-CHUNK = 1 << 16  # rows per read and copy of a re-tiering
+CHUNK = 1 << 16  # rows per read and write-back of a re-tiering
 _KEEP = 2  # located arrays remembered: this step's rows and the next step's
 
 

@@ -1,8 +1,10 @@
-"""The hot tier's row lookups: binary search, remembered per array until the hot set changes."""
+"""The hot tier: row lookups (binary search, remembered per array until the hot set changes)
+and re-tierings (promoted rows into freed slots, a chunk at a time)."""
 
 import numpy as np
 import torch
 
+from embeddings import hottier
 from embeddings.hottier import HotTier
 from embeddings.optim import SparseOptimizer
 
@@ -57,3 +59,12 @@ def test_a_retiering_writes_promoted_rows_into_freed_slots_and_leaves_kept_rows_
     with np.testing.assert_raises(ValueError):  # a promoted row that is kept
         tier.replace(np.arange(6, dtype=np.int64), np.array([1], dtype=np.int64),
                      lambda r: np.zeros((len(r), 2), np.float32))
+
+
+def test_promoted_rows_are_read_a_chunk_at_a_time(monkeypatch):
+    monkeypatch.setattr(hottier, "CHUNK", 2)
+    asked = []
+    tier = HotTier(2, SparseOptimizer(), torch.device("cpu"))
+    hot = np.arange(5, dtype=np.int64)
+    tier.replace(hot, hot, lambda r: asked.append(len(r)) or np.zeros((len(r), 2), np.float32))
+    assert asked == [2, 2, 1]
