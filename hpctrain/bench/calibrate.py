@@ -16,9 +16,8 @@ dearest per byte is kept), so the model holds at both ends of the size range:
   ``alpha * ceil(log2 p) + beta * 2 (p-1)/p * bytes``;
 - ``exchange_shm``, ``exchange_p2p``, ``exchange_native``: the all-to-all's exchanges,
   each timed whole through :func:`~hpctrain.comm.alltoall.alltoallv` on totals of 8 bytes
-  and 64-256 KiB split evenly over the ranks, against the bytes its cost counts (the
-  shared-memory and pairwise ones on one node only); larger exchanges are priced from the
-  memory-bound links above.
+  and 64 KiB-4 MiB split evenly over the ranks, against the bytes its cost counts (the
+  shared-memory and pairwise ones on one node only).
 
 Calibrated on an oversubscribed node, the latencies already include the waiting for
 descheduled ranks, so ``oversubscribed`` is written as 1 (no further scaling). The fit of
@@ -48,7 +47,7 @@ __all__ = ["calibrate", "run_calibrate"]
 _REPS = 7
 _LARGE = 16 << 20
 _SIZES = (256 << 10, 2 << 20, _LARGE)
-_MID_SIZES = (64 << 10, 256 << 10)
+_EXCHANGE_SIZES = (64 << 10, 256 << 10, 1 << 20, 4 << 20)
 
 
 def _best(comm: MPI.Intracomm, fn: Callable[[], object], calls: int) -> float:
@@ -117,9 +116,8 @@ def calibrate(group: Group) -> CostParams:
 
 
 def _exchanges(group: Group) -> dict[str, Link]:
-    """The all-to-all's exchange links for small and mid-size exchanges: ``alpha`` from 8
-    bytes to every rank, ``beta`` from 64-256 KiB totals (collective over ``group``; large
-    ones follow the memory-bound links)."""
+    """The all-to-all's exchange links: ``alpha`` from 8 bytes to every rank, ``beta`` the
+    dearest per byte of 64 KiB-4 MiB totals (collective over ``group``)."""
     p, one_node = group.size, group.layout.nodes == 1
     counted = {"exchange_native": ("native", lambda m: m.maxima[1], p - 1)}
     if one_node:
@@ -128,7 +126,7 @@ def _exchanges(group: Group) -> dict[str, Link]:
     links = {}
     for field, (algorithm, counts_bytes, latencies) in counted.items():
         points = [_alltoall_point(group, algorithm, total, counts_bytes)
-                  for total in (8 * p, *_MID_SIZES)]
+                  for total in (8 * p, *_EXCHANGE_SIZES)]
         links[field] = fit(points[0], points[1:], latencies)
     return links
 

@@ -9,19 +9,20 @@ bytes of the whole exchange:
   ``(r + k) % p`` and receives from ``(r - k) % p`` (any ``p``, not only powers of two), so
   each rank has one message in flight each way and the waits yield the core
   (:func:`~hpctrain.runtime.waits.wait_all`) under the watchdog;
-- ``shm`` (one node only): every rank copies what it sends into its row of the node's
-  shared scratch window, one flag synchronisation, then every rank copies its segments out
-  of the others' rows: two copies per byte and no MPI message (:mod:`hpctrain.comm.shm`);
+- ``shm`` (one node only): every rank copies what it sends the others into its row of the
+  node's shared scratch window and its own segment straight to its output, one flag
+  synchronisation, then every rank copies its segments out of the others' rows: two copies
+  per byte that moves, no MPI message, and all of it in one numba call (``memcpy`` and
+  fences, :func:`~hpctrain.comm.window.flags_reached`) unless a rank is late;
 - ``native``: ``MPI_Alltoallv`` itself, the baseline.
 
 Under ``comm.emulate`` the pairwise messages go through the group's
 :class:`~hpctrain.comm.emulate.Channel`; after ``MPI_Alltoallv`` (and the counts'
 ``MPI_Allgather``) each rank waits the emulated time of the busiest node's bytes across nodes.
 
-Each cost is the dearer of two alpha-beta lines: one fitted on whole small and mid-size
-exchanges (``exchange_*`` in :class:`~hpctrain.comm.types.CostParams`, Python's share
-included) and one from the memory-bound links; ``auto``'s choice is remembered per size
-class.
+Each cost is an alpha-beta line fitted on whole exchanges from 8 bytes to 4 MiB
+(``exchange_*`` in :class:`~hpctrain.comm.types.CostParams`, Python's share included);
+across nodes the network's link is a floor. ``auto``'s choice is remembered per size class.
 
 A second module beside the in-place :class:`~hpctrain.comm.types.Algorithm` families
 because an exchange has a different shape: its input and output differ in length and its
@@ -33,8 +34,6 @@ from __future__ import annotations
 import math
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from functools import cached_property
 from typing import TYPE_CHECKING, ClassVar
 
 import numba
@@ -42,6 +41,7 @@ import numpy as np
 from mpi4py import MPI
 
 from hpctrain.comm.types import Cost, CostParams, Layout, Link
+from hpctrain.comm.window import copy_bytes, flags_reached, publish_flag
 from hpctrain.errors import CommError
 from hpctrain.runtime.waits import Wait
 
@@ -49,24 +49,31 @@ if TYPE_CHECKING:
     from hpctrain.comm.group import Group
 
 __all__ = ["Exchange", "EXCHANGES", "EXCHANGE_NAMES", "Matrix", "alltoallv", "choose_exchange",
-           "exchange_counts"]
+           "compile_kernels", "exchange_counts"]
 
 
-@dataclass(frozen=True)
 class Matrix:
-    """Bytes each rank sends each rank (``bytes[i, j]``: from ``i`` to ``j``), with the few
-    maxima the costs read, computed once in one pass (a selection runs on every exchange,
-    so it must cost a microsecond or two, not tens of them)."""
+    """Bytes each rank sends each rank (``bytes[i, j]``: from ``i`` to ``j``), given as a
+    row-count matrix and the bytes of a row, with everything the costs and the exchanges
+    read computed once, in one numba pass (a selection and the segments' offsets run on
+    every exchange, so they must cost a microsecond, not tens of them)."""
 
-    bytes: np.ndarray
-    rank: int = 0  # whose segments :attr:`segments` gives
+    __slots__ = ("counts", "row", "rank", "info")
+
+    def __init__(self, counts: np.ndarray, rank: int = 0, row: int = 1) -> None:
+        self.counts, self.rank, self.row = counts, rank, row
+        self.info = _describe(counts, row, rank)
 
     @property
     def size(self) -> int:
-        return self.bytes.shape[0]
+        return self.counts.shape[0]
+
+    @property
+    def bytes(self) -> np.ndarray:
+        return self.counts * self.row
 
     def off_diagonal(self) -> np.ndarray:
-        out = self.bytes.copy()
+        out = self.bytes
         np.fill_diagonal(out, 0)
         return out
 
@@ -74,54 +81,80 @@ class Matrix:
         """Bytes that leave their rank, over all ranks."""
         return int(self.off_diagonal().sum())
 
-    @cached_property
+    @property
     def maxima(self) -> tuple[int, int, int, int, int]:
-        """(bytes the busiest rank sends plus receives, its own segment counted both ways;
+        """(bytes the busiest rank sends plus receives, its own segment counted once;
         bytes the busiest rank sends or receives to or from other ranks; the largest segment
         a rank sends itself; the sum over pairwise rounds ``k = 1 .. p-1`` of the round's
         largest message, rank ``r`` to ``(r + k) % p``; the most one rank sends)."""
-        return _maxima(np.ascontiguousarray(self.bytes, dtype=np.int64))
+        return tuple(self.info[:5].tolist())  # type: ignore[return-value]
 
-    @cached_property
+    @property
+    def size_class(self) -> int:
+        """The first four maxima's bit lengths, packed in one integer (``auto``'s key)."""
+        return int(self.info[5])
+
+    @property
+    def received(self) -> int:
+        """Bytes :attr:`rank` receives in all."""
+        return int(self.info[_HEAD + 2 * self.size + 1])
+
+    @property
     def segments(self) -> tuple[np.ndarray, ...]:
         """For :attr:`rank`: the offsets of its send and receive segments (``p + 1`` each,
         in bytes, rank order), their lengths (``p`` each), and where its segment starts
         inside each sender's row (``p``)."""
-        return _segments(np.ascontiguousarray(self.bytes, dtype=np.int64), self.rank)
+        p, info = self.size, self.info
+        return (info[_HEAD:_HEAD + p + 1], info[_HEAD + p + 1:_HEAD + 2 * p + 2],
+                info[_HEAD + 2 * p + 2:_HEAD + 3 * p + 2],
+                info[_HEAD + 3 * p + 2:_HEAD + 4 * p + 2], info[_HEAD + 4 * p + 2:])
+
+
+_HEAD = 6  # the five maxima and the size class precede the segments in ``Matrix.info``
 
 
 @numba.njit(cache=True)
-def _maxima(m):  # one pass in numba: numpy's reductions cost microseconds each at p = 2-8
-    p = m.shape[0]
+def _describe(counts, row, rank):  # one numba pass: numpy's reductions cost microseconds each
+    p = counts.shape[0]
+    info = np.zeros(_HEAD + 5 * p + 2, np.int64)
     through = across = kept = rounds = most = 0
     for r in range(p):
         sent = received = 0
         for j in range(p):
-            sent += m[r, j]
-            received += m[j, r]
+            sent += counts[r, j]
+            received += counts[j, r]
+        own = counts[r, r]
         most = max(most, sent)
-        through = max(through, sent + received)
-        across = max(across, sent - m[r, r], received - m[r, r])
-        kept = max(kept, m[r, r])
+        through = max(through, sent + received - own)
+        across = max(across, sent - own, received - own)
+        kept = max(kept, own)
     for k in range(1, p):
         largest = 0
         for r in range(p):
-            largest = max(largest, m[r, (r + k) % p])
+            largest = max(largest, counts[r, (r + k) % p])
         rounds += largest
-    return through, across, kept, rounds, most
-
-
-@numba.njit(cache=True)
-def _segments(m, rank):  # one numba call instead of a handful of numpy ones per exchange
-    p = m.shape[0]
-    sent, received = np.zeros(p + 1, np.int64), np.zeros(p + 1, np.int64)
-    starts = np.zeros(p, np.int64)
+    maxima = (through, across, kept, rounds, most)
+    key = 0
+    for i in range(5):
+        info[i] = maxima[i] * row
+        if i < 4:
+            bits = 0
+            v = info[i]
+            while v:
+                bits += 1
+                v >>= 1
+            key |= bits << (7 * i)
+    info[5] = key
+    sent_at, received_at, lengths, starts = _HEAD, _HEAD + p + 1, _HEAD + 2 * p + 2, \
+        _HEAD + 4 * p + 2
     for j in range(p):
-        sent[j + 1] = sent[j] + m[rank, j]
-        received[j + 1] = received[j] + m[j, rank]
+        info[sent_at + j + 1] = info[sent_at + j] + counts[rank, j] * row
+        info[received_at + j + 1] = info[received_at + j] + counts[j, rank] * row
+        info[lengths + j] = counts[rank, j] * row
+        info[lengths + p + j] = counts[j, rank] * row
         for k in range(rank):
-            starts[j] += m[j, k]
-    return sent, received, m[rank].copy(), m[:, rank].copy(), starts
+            info[starts + j] += counts[j, k] * row
+    return info
 
 
 class Exchange(ABC):
@@ -147,10 +180,8 @@ def _latency(alpha: float, layout: Layout, params: CostParams) -> float:
 
 
 def _dearer(a: Cost, b: Cost) -> Cost:
-    """The larger of two predictions. Each exchange has two lines: one fitted on small and
-    mid-size exchanges timed whole (``exchange_*``: Python's share, cache-resident copies)
-    and one from the links' memory-bound rates (large exchanges); the larger holds at every
-    size, so a line need not fit both ends."""
+    """The larger of two predictions: across nodes an exchange costs at least what it
+    measured on one node (``exchange_*``) and at least what the network's link gives."""
     return a if a.seconds >= b.seconds else b
 
 
@@ -162,15 +193,14 @@ class Pairwise(Exchange):
 
     def cost(self, matrix: Matrix, layout: Layout, params: CostParams) -> Cost:
         _, _, kept, rounds, _ = matrix.maxima
-        peers = matrix.size - 1
-        link = params.net if layout.nodes > 1 else params.p2p
-        far = Cost(latency_s=_latency(link.alpha, layout, params) * peers,
-                   transfer_s=link.beta * rounds + params.shm.beta * kept)
-        if layout.nodes > 1:
-            return far
-        near = params.exchange_p2p
-        return _dearer(far, Cost(latency_s=_latency(near.alpha, layout, params) * peers,
-                                 transfer_s=near.beta * (rounds + kept)))
+        peers, near = matrix.size - 1, params.exchange_p2p
+        measured = Cost(latency_s=_latency(near.alpha, layout, params) * peers,
+                        transfer_s=near.beta * (rounds + kept))
+        if layout.nodes == 1:
+            return measured
+        net = params.net
+        return _dearer(measured, Cost(latency_s=_latency(net.alpha, layout, params) * peers,
+                                      transfer_s=net.beta * rounds + params.shm.beta * kept))
 
     def run(self, send: np.ndarray, out: np.ndarray, matrix: Matrix, group: Group) -> None:
         comm, p, r = group.link, group.size, group.rank
@@ -196,24 +226,47 @@ class SharedMemory(Exchange):
         return layout.nodes == 1
 
     def cost(self, matrix: Matrix, layout: Layout, params: CostParams) -> Cost:
-        near, through = params.exchange_shm, matrix.maxima[0]
-        return _dearer(Cost(latency_s=_latency(params.shm.alpha, layout, params),
-                            transfer_s=params.shm.beta * through),
-                       Cost(latency_s=_latency(near.alpha, layout, params),
-                            transfer_s=near.beta * through))
+        near = params.exchange_shm
+        return Cost(latency_s=_latency(near.alpha, layout, params),
+                    transfer_s=near.beta * matrix.maxima[0])
 
     def run(self, send: np.ndarray, out: np.ndarray, matrix: Matrix, group: Group) -> None:
-        r, p = group.rank, group.size
-        so, ro, _, _, starts = matrix.segments
-        arena = group.arena(matrix.maxima[4])
-        half = arena.next_half()
-        arena.row(r, half, np.dtype(np.uint8), send.size)[:] = send
-        arena.sync()
-        for k in range(p):
-            n = ro[k + 1] - ro[k]
-            if n:
-                out[ro[k]:ro[k + 1]] = arena.row(k, half, np.dtype(np.uint8),
-                                                 starts[k] + n)[starts[k]:]
+        arena = group.arena(int(matrix.info[4]))
+        base = arena.head + arena.next_half() * arena.row_bytes
+        value = arena.next_value()
+        if not _shm_exchange(send, out, arena.mem, arena.words, matrix.info, group.rank,
+                             arena.chunk, base, value, group.spin):
+            arena.wait(value)  # the others are late: wait yielding the core
+            _copy_out(out, arena.mem, matrix.info, group.rank, arena.chunk, base)
+
+
+@numba.njit(cache=True, nogil=True)
+def _shm_exchange(send, out, mem, words, info, rank, chunk, base, value, polls):
+    """Copy what ``send`` holds for the others into this rank's row (its own segment
+    straight to ``out``), publish, poll the others' flags ``polls`` times and, if all
+    arrived, copy this rank's segments out: ``True`` when done."""
+    p = (info.size - _HEAD - 2) // 5
+    lo, hi = info[_HEAD + rank], info[_HEAD + rank + 1]
+    copy_bytes(mem, rank * chunk + base, send, 0, lo)
+    copy_bytes(mem, rank * chunk + base + hi, send, hi, send.size - hi)
+    publish_flag(words, chunk // 8, rank, value)
+    copy_bytes(out, info[_HEAD + p + 1 + rank], send, lo, hi - lo)
+    if not flags_reached(words, chunk // 8, p, value, polls):
+        return False
+    _copy_out(out, mem, info, rank, chunk, base)
+    return True
+
+
+@numba.njit(cache=True, nogil=True)
+def _copy_out(out, mem, info, rank, chunk, base):
+    """Copy this rank's segments out of the other senders' rows (after the flags say all
+    are in)."""
+    p = (info.size - _HEAD - 2) // 5
+    received, starts = _HEAD + p + 1, _HEAD + 4 * p + 2
+    for k in range(p):
+        lo, hi = info[received + k], info[received + k + 1]
+        if hi > lo and k != rank:
+            copy_bytes(out, lo, mem, k * chunk + base + info[starts + k], hi - lo)
 
 
 class NativeAlltoallv(Exchange):
@@ -223,14 +276,15 @@ class NativeAlltoallv(Exchange):
     name = "native"
 
     def cost(self, matrix: Matrix, layout: Layout, params: CostParams) -> Cost:
-        peers, across = matrix.size - 1, matrix.maxima[1]
-        far, near = params.native, params.exchange_native
-        if layout.nodes > 1:
-            far = Link(max(far.alpha, params.net.alpha), max(far.beta, params.net.beta))
-        return _dearer(Cost(latency_s=_latency(far.alpha, layout, params) * peers,
-                            transfer_s=far.beta * across),
-                       Cost(latency_s=_latency(near.alpha, layout, params) * peers,
-                            transfer_s=near.beta * across))
+        peers, across, near = matrix.size - 1, matrix.maxima[1], params.exchange_native
+        measured = Cost(latency_s=_latency(near.alpha, layout, params) * peers,
+                        transfer_s=near.beta * across)
+        if layout.nodes == 1:
+            return measured
+        far = Link(max(params.native.alpha, params.net.alpha),
+                   max(params.native.beta, params.net.beta))
+        return _dearer(measured, Cost(latency_s=_latency(far.alpha, layout, params) * peers,
+                                      transfer_s=far.beta * across))
 
     def run(self, send: np.ndarray, out: np.ndarray, matrix: Matrix, group: Group) -> None:
         so, ro, sc, rc, _ = matrix.segments
@@ -276,11 +330,23 @@ def _chosen(matrix: Matrix, group: Group, algorithm: str) -> Exchange:
     itself. Every rank sees the same matrices in the same order, so all remember alike."""
     if algorithm != "auto":
         return choose_exchange(matrix, group.layout, group.params, algorithm)
-    key = ("alltoallv", *(v.bit_length() for v in matrix.maxima[:4]))
+    key = ("alltoallv", matrix.size_class)
     chosen = group.plans.get(key)
     if chosen is None:
         chosen = group.plans[key] = choose_exchange(matrix, group.layout, group.params)
     return chosen
+
+
+def compile_kernels() -> None:
+    """Run the exchange's numba passes once, on one rank's worth of dummy data with the
+    argument types of a real exchange (matrices from :func:`exchange_counts` are strided
+    views), so that the first exchange of a run does not compile them."""
+    for counts in (np.ones((1, 1), np.int64), np.ones((2, 3), np.int64)[:, :-1]):
+        _describe(counts, 8, 0)
+    info = _describe(np.ones((1, 1), np.int64), 8, 0)
+    mem, out = np.zeros(128, np.uint8), np.zeros(8, np.uint8)
+    _shm_exchange(np.zeros(8, np.uint8), out, mem, mem.view(np.int64), info, 0, 128, 64, 1, 0)
+    _copy_out(out, mem, info, 0, 128, 64)
 
 
 def exchange_counts(counts: np.ndarray, group: Group, extra: int = 0
@@ -305,18 +371,18 @@ def alltoallv(send: np.ndarray, counts: np.ndarray, *, comm: Group, algorithm: s
     matrix when the caller already exchanged it (:func:`exchange_counts`)."""
     group = comm
     send = np.ascontiguousarray(send)
-    counts = np.asarray(counts, dtype=np.int64)
-    listed = counts.tolist()  # a Python list: faster than numpy's reductions for p values
+    listed = counts.tolist() if isinstance(counts, np.ndarray) else list(counts)
     if len(listed) != group.size or min(listed, default=0) < 0 or sum(listed) != len(send):
-        raise CommError(f"alltoallv: rank {group.rank} passed {len(counts)} counts summing "
-                        f"to {int(counts.sum())} for {len(send)} rows; need {group.size} "
+        raise CommError(f"alltoallv: rank {group.rank} passed {len(listed)} counts summing "
+                        f"to {sum(listed)} for {len(send)} rows; need {group.size} "
                         f"non-negative counts summing to the rows")
     if matrix is None:
-        matrix = exchange_counts(counts, group)[0]
-    recv = matrix[:, group.rank].copy()
+        matrix = exchange_counts(np.asarray(listed, np.int64), group)[0]
     row = send.itemsize * math.prod(send.shape[1:])
-    m = Matrix(matrix * row, group.rank)
-    out = np.empty((int(recv.sum()), *send.shape[1:]), dtype=send.dtype)
+    m = Matrix(matrix, group.rank, row)
+    recv = matrix[:, group.rank].copy()
+    out = np.empty((m.received // row if row else int(recv.sum()), *send.shape[1:]),
+                   dtype=send.dtype)
     if group.size == 1:
         out[:] = send
         return out, recv

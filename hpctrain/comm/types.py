@@ -88,10 +88,11 @@ class CostParams:
     and ``torch`` fit the whole library allreduce as ``alpha * ceil(log2 p) +
     beta * 2 (p-1)/p * bytes``, since their internal algorithm is not ours to model
     (across nodes they are taken to be no faster than ``net``).
-    ``exchange_*`` price the all-to-all's exchanges up to mid sizes, timed whole through
-    :func:`~hpctrain.comm.alltoall.alltoallv` on 8 bytes and 64-256 KiB (Python's share
-    included, which at small sizes is most of it; larger exchanges follow the links above):
-    ``shm`` per call and per byte through the busiest rank (in and out), ``p2p`` (pairwise,
+    ``exchange_*`` price the all-to-all's exchanges, timed whole through
+    :func:`~hpctrain.comm.alltoall.alltoallv` on 8 bytes and 64 KiB-4 MiB (Python's share
+    included, which at small sizes is most of it; across nodes ``net`` is a floor):
+    ``shm`` per call and per byte through the busiest rank (in and out, its own segment
+    once), ``p2p`` (pairwise,
     one node) per round and per byte of the rounds' messages and the rank's own copy,
     ``native`` (``MPI_Alltoallv``) per peer and per byte to or from the busiest rank.
     ``oversubscribed`` multiplies every latency when more ranks than cores share a node
@@ -104,9 +105,9 @@ class CostParams:
     gamma: float = 1.2e-10
     native: Link = Link(4.5e-6, 5.5e-10)
     torch: Link = Link(2.5e-4, 2.0e-9)
-    exchange_shm: Link = Link(2.0e-5, 4.5e-11)
-    exchange_p2p: Link = Link(2.35e-5, 1.5e-10)
-    exchange_native: Link = Link(2.1e-5, 4.2e-10)
+    exchange_shm: Link = Link(4.7e-6, 7.0e-11)
+    exchange_p2p: Link = Link(1.34e-5, 8.7e-11)
+    exchange_native: Link = Link(8.0e-6, 2.27e-10)
     oversubscribed: float = 20.0
     source: str = field(default="built-in defaults", compare=False)
 

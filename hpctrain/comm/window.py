@@ -25,6 +25,10 @@ needs no copy in or out.
 uses them is :mod:`hpctrain.comm.shm`. ``open_windows()`` counts the windows this process
 holds (tests check that repeated trainings free theirs).
 
+The protocol also exists inside numba code (:func:`publish_flag`, :func:`flags_reached`,
+with an LLVM fence in place of ``MPI_Win_sync``), so a kernel can copy, synchronise and copy
+again in one call: the all-to-all's shared-memory exchange does.
+
 Allreduce has two paths: latency-bound buffers are copied in and every rank reduces the
 whole buffer (one synchronisation); larger ones are split in ``p`` slices, rank ``r``
 reduces slice ``r`` over all rows and publishes it, and every rank copies the others'
@@ -37,15 +41,19 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+import numba
 import numpy as np
 from mpi4py import MPI
+from numba.core import cgutils, types
+from numba.extending import intrinsic
 
 from hpctrain.comm import kernels
 from hpctrain.comm.types import chunk_bounds
 from hpctrain.runtime.waiting import watching
 
 __all__ = ["Window", "Resident", "ResidentAllreduce", "allreduce_small", "allreduce_slices",
-           "allreduce_resident", "complete", "open_windows"]
+           "allreduce_resident", "complete", "open_windows", "publish_flag", "flags_reached",
+           "copy_bytes"]
 
 _LINE = 64
 Between = Callable[[np.ndarray], None]
@@ -61,6 +69,57 @@ def open_windows() -> int:
 
 def _round_up(n: int, to: int) -> int:
     return -(-n // to) * to
+
+
+@intrinsic
+def _fence(typingctx):  # noqa: ARG001 - numba's signature
+    """A sequentially consistent memory fence: ``MPI_Win_sync``'s barrier in numba code (it
+    also keeps the compiler from moving loads and stores across it)."""
+    def codegen(context, builder, signature, args):  # noqa: ARG001
+        builder.fence("seq_cst")
+        return context.get_dummy_value()
+    return types.void(), codegen
+
+
+@intrinsic
+def copy_bytes(typingctx, dst, dst_at, src, src_at, n):  # noqa: ARG001 - numba's signature
+    """``memcpy`` of ``n`` bytes from ``src[src_at:]`` to ``dst[dst_at:]`` (contiguous
+    ``uint8`` arrays, not overlapping), in numba code: numba's slice assignment checks for
+    overlap and copies a byte at a time, twenty times slower."""
+    def codegen(context, builder, signature, args):
+        dst_v, dst_at_v, src_v, src_at_v, n_v = args
+        to = context.make_array(signature.args[0])(context, builder, dst_v).data
+        of = context.make_array(signature.args[2])(context, builder, src_v).data
+        cgutils.raw_memcpy(builder, builder.gep(to, [dst_at_v]), builder.gep(of, [src_at_v]),
+                           n_v, 1)
+        return context.get_dummy_value()
+    return types.void(dst, dst_at, src, src_at, n), codegen
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def publish_flag(words, stride, rank, value):
+    """:meth:`Window.publish` for slot 0: fence, then store ``value`` in ``rank``'s flag
+    (``words`` is the window as int64, ``stride`` its chunk in words)."""
+    _fence()
+    words[rank * stride] = value
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def flags_reached(words, stride, ranks, value, polls):
+    """Whether every rank's slot-0 flag reached ``value`` within ``polls + 1`` polls (then
+    fenced, so the others' stores are visible); ``False`` leaves the waiting, which may
+    yield the core, to :meth:`Window.wait`."""
+    for _ in range(polls + 1):
+        _fence()
+        behind = False
+        for k in range(ranks):
+            if words[k * stride] < value:
+                behind = True
+                break
+        if not behind:
+            _fence()
+            return True
+    return False
 
 
 class Window:
@@ -84,7 +143,7 @@ class Window:
         _open += 1
         buf, _ = self.win.Shared_query(0)
         self.mem = np.frombuffer(buf, dtype=np.uint8, count=total)
-        words = self.mem.view(np.int64)
+        self.words = words = self.mem.view(np.int64)
         self._flags = [words[s * 8:: self.chunk // 8][: self.size] for s in range(slots)]
         self._values = [0] * slots
         self._views: dict[tuple[int, int, int], np.ndarray] = {}

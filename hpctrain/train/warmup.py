@@ -1,7 +1,7 @@
 """The numba kernels a training step runs, made ready before the first step, with a log line.
 
 On a machine's first run numba compiles the lookups' unique rows, the sparse optimizers, the
-gradient coalescing, the reduction kernels, the all-to-all's count passes, the frequency
+gradient coalescing, the reduction kernels, the all-to-all's passes and copies, the frequency
 sketch, the hot-set planner's passes, the hot tier's re-tiering copy and the hot-gradient
 records' sum (``cache=True``: later runs load them from ``__pycache__``); compiling inside
 the first step left the progress bar at step 1 for seconds with no word why.
@@ -46,8 +46,7 @@ def prepare_kernels(optimizers: Sequence[SparseOptimizer], tiering: bool) -> tup
         kernels.reduce_pair(own, flat[:4], kernels.SUM, kernels.ARITH)
         for mode in (0, 1, 2):
             kernels.reduce_slice(flat, 4, 2, 0, own, 0, 4, mode, kernels.SUM, kernels.ARITH)
-    exchange = alltoall.Matrix(np.ones((2, 2), np.int64))
-    exchange.maxima, exchange.segments  # noqa: B018 - compile the all-to-all's passes
+    alltoall.compile_kernels()
     if tiering:
         sketch = freq.CountMinSketch(64, 2, seed=0)
         sketch.add(rows, np.ones(3, np.float32))
