@@ -55,6 +55,9 @@ def test_embedding_gradients_name_table_and_row():
     lookup = Lookup(np.array([4, 12, 25]), values)  # t0 row 4, t1 rows 2 and 15
     guard.embedding_gradients([lookup], LAYOUT)
     assert guard.finding is None
+    values.grad[:, 0] = 3e38  # finite, though their sum overflows
+    guard.embedding_gradients([lookup], LAYOUT)
+    assert guard.finding is None
     values.grad[2, 1] = -float("inf")
     guard.embedding_gradients([Lookup(np.array([1]), torch.zeros(1, 2)), lookup], LAYOUT)
     assert guard.finding == "embedding gradient of table 't1', row 15"
