@@ -166,15 +166,17 @@ class FrequencyTracker:
 
 class LookupTotals:
     """Exact lookup counts of every row seen (what the oracle hit rate ranks): sorted
-    (row, count) pairs of the rows seen, merged as counts arrive, until one float32 per row
-    of the tables takes less memory and at most ``dense_bytes``; then those."""
+    (row, count) pairs of the rows seen (int32 rows while the tables allow), merged as
+    counts arrive, until one float32 per row of the tables takes less memory and at most
+    ``dense_bytes``; then those."""
 
     def __init__(self, total_rows: int, dense_bytes: int) -> None:
         self.total_rows = total_rows
         self.dense_bytes = dense_bytes
         self.dense = False
         self.counts = np.empty(0, dtype=np.float32)
-        self.rows = np.empty(0, dtype=np.int64)
+        self.rows = np.empty(0, dtype=np.int32 if total_rows <= np.iinfo(np.int32).max
+                             else np.int64)
 
     def add(self, rows: np.ndarray, counts: np.ndarray) -> None:
         """Count ``counts`` more lookups of ``rows`` (sorted, unique)."""
@@ -189,7 +191,8 @@ class LookupTotals:
         if dense <= min(self.rows.nbytes + self.counts.nbytes, self.dense_bytes):
             counts = np.zeros(self.total_rows, dtype=np.float32)
             counts[self.rows] = self.counts
-            self.dense, self.counts, self.rows = True, counts, np.empty(0, dtype=np.int64)
+            self.dense, self.counts = True, counts
+            self.rows = np.empty(0, dtype=self.rows.dtype)
 
     def hit_rate(self, capacity: int) -> float:
         return oracle_hit_rate(self.counts, capacity)
@@ -197,9 +200,20 @@ class LookupTotals:
 
 @numba.njit(cache=True, nogil=True)
 def _merge_sum(a, a_counts, b, b_counts):  # pragma: no cover - compiled
-    """Sorted unique ``a`` and ``b`` merged, the counts of a row in both summed: one pass."""
-    rows = np.empty(len(a) + len(b), np.int64)
-    counts = np.empty(len(a) + len(b), np.float32)
+    """Sorted unique ``a`` and ``b`` merged (rows of ``a``'s type), the counts of a row in
+    both summed: a pass that counts the union, so the result is allocated to size and
+    never copied, then the merge."""
+    i = j = n = 0
+    while i < len(a) and j < len(b):
+        if a[i] <= b[j]:
+            j += a[i] == b[j]
+            i += 1
+        else:
+            j += 1
+        n += 1
+    n += len(a) - i + len(b) - j
+    rows = np.empty(n, a.dtype)
+    counts = np.empty(n, np.float32)
     i = j = n = 0
     while i < len(a) or j < len(b):
         if j == len(b) or (i < len(a) and a[i] < b[j]):
@@ -213,7 +227,7 @@ def _merge_sum(a, a_counts, b, b_counts):  # pragma: no cover - compiled
             i += 1
             j += 1
         n += 1
-    return rows[:n].copy(), counts[:n].copy()
+    return rows, counts
 
 
 def oracle_hit_rate(counts: np.ndarray, capacity: int) -> float:

@@ -68,6 +68,7 @@ from hpctrain.comm import Group, allreduce
 from hpctrain.comm.native import allgatherv
 from hpctrain.config import TieringConfig
 from hpctrain.runtime import trace
+from hpctrain.runtime.env import release_free_memory
 from hpctrain.runtime.waits import Wait, wait_all
 
 __all__ = ["TieredStore", "TieringStats"]
@@ -235,6 +236,7 @@ class TieredStore(EmbeddingStore):
             self._write_back(plan.demoted)
             self._install(plan)
             self.stats.warm_start_rows = len(plan.promoted)
+        release_free_memory()
         self.stats.warm_start_s = time.perf_counter() - start
 
     def _best_counted(self, rows: np.ndarray, keep: int) -> np.ndarray:

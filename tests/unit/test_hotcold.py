@@ -263,8 +263,10 @@ def test_lookup_totals_dense_and_sparse_count_alike(batches, capacity):
             totals.add(rows, counts.astype(np.float32))
         total[rows] += counts
     seen = int((total > 0).sum())
-    assert not sparse.dense and len(sparse.rows) == seen
-    assert dense.dense == (12 * seen >= 4 * 200)  # pairs of 12 bytes against 4 a row
+    assert not sparse.dense and sparse.rows.dtype == np.int32
+    np.testing.assert_array_equal(sparse.rows, np.flatnonzero(total))
+    np.testing.assert_array_equal(sparse.counts, total[total > 0])
+    assert dense.dense == (8 * seen >= 4 * 200)  # pairs of 8 bytes against 4 a row
     expected = oracle_hit_rate(total, capacity)
     assert dense.hit_rate(capacity) == pytest.approx(expected)
     assert sparse.hit_rate(capacity) == pytest.approx(expected)
