@@ -130,7 +130,8 @@ class HotTier:
                 + self.state.numel() * 4)
 
     def _index(self, slots: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(slots, dtype=np.int64)).to(self.device)
+        # writable: torch warns on (and may not write through) a read-only array's tensor
+        return torch.from_numpy(np.require(slots, np.int64, ("C", "W"))).to(self.device)
 
     @staticmethod
     def _host(values: torch.Tensor) -> np.ndarray:
