@@ -92,9 +92,9 @@ class CostParams:
     :func:`~hpctrain.comm.alltoall.alltoallv` on 8 bytes and 64 KiB-4 MiB (Python's share
     included, which at small sizes is most of it; across nodes ``net`` is a floor):
     ``shm`` per call and per byte through the busiest rank (in and out, its own segment
-    once), ``p2p`` (pairwise,
-    one node) per round and per byte of the rounds' messages and the rank's own copy,
-    ``native`` (``MPI_Alltoallv``) per peer and per byte to or from the busiest rank.
+    once), ``p2p`` (pairwise, one node) per round and per byte of the rounds' messages and
+    the rank's own copy, ``native`` (``MPI_Alltoallv``) per peer and per byte to or from
+    the busiest rank.
     ``oversubscribed`` multiplies every latency when more ranks than cores share a node
     (waiting for a descheduled peer dominates there).
     """

@@ -85,7 +85,7 @@ def _fence(typingctx):  # noqa: ARG001 - numba's signature
 def copy_bytes(typingctx, dst, dst_at, src, src_at, n):  # noqa: ARG001 - numba's signature
     """``memcpy`` of ``n`` bytes from ``src[src_at:]`` to ``dst[dst_at:]`` (contiguous
     ``uint8`` arrays, not overlapping), in numba code: numba's slice assignment checks for
-    overlap and copies a byte at a time, twenty times slower."""
+    overlap and copies a byte at a time (the exchange of 1 MiB took 3-5x as long)."""
     def codegen(context, builder, signature, args):
         dst_v, dst_at_v, src_v, src_at_v, n_v = args
         to = context.make_array(signature.args[0])(context, builder, dst_v).data
