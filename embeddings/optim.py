@@ -93,10 +93,19 @@ def _lazy_adam(weight, state, rows, grads, lr, beta1, beta2, eps):  # pragma: no
             weight[r, j] -= lr * (m / c1) / (np.sqrt(v / c2) + eps)
 
 
+_MERGED_RUNS = 8  # up to this many sorted runs are merged; more are sorted
+
+
 @numba.njit(cache=True, nogil=True)
 def _coalesce(rows, grads):  # pragma: no cover - compiled
-    order = np.argsort(rows, kind="mergesort")
     n = rows.shape[0]
+    runs = 1  # strictly increasing stretches: one per worker's lookup in a gathered push
+    for i in range(1, n):
+        if rows[i] <= rows[i - 1]:
+            runs += 1
+    if runs <= _MERGED_RUNS:
+        return _merge_runs(rows, grads, runs)
+    order = np.argsort(rows, kind="mergesort")
     out_rows = np.empty(n, dtype=rows.dtype)
     out = np.zeros((n, grads.shape[1]), dtype=grads.dtype)
     k = -1
@@ -108,6 +117,41 @@ def _coalesce(rows, grads):  # pragma: no cover - compiled
         for j in range(grads.shape[1]):
             out[k, j] += grads[src, j]
     return out_rows[: k + 1], out[: k + 1]
+
+
+@numba.njit(cache=True, nogil=True)
+def _merge_runs(rows, grads, runs):  # pragma: no cover - compiled
+    """``_coalesce`` of ``runs`` strictly increasing stretches by one merge, each output
+    row taking the smallest head: no sort, and each row's gradients summed in the order
+    they come, as the stable sort sums them (the same bits)."""
+    n, dim = rows.shape[0], grads.shape[1]
+    ends = np.empty(runs, np.int64)
+    heads = np.zeros(runs, np.int64)
+    k = 0
+    for i in range(1, n):
+        if rows[i] <= rows[i - 1]:
+            ends[k] = i
+            k += 1
+            heads[k] = i
+    ends[runs - 1] = n
+    out_rows = np.empty(n, dtype=rows.dtype)
+    out = np.zeros((n, dim), dtype=grads.dtype)
+    m = 0
+    while True:
+        low, found = rows[0], False
+        for r in range(runs):
+            if heads[r] < ends[r] and (not found or rows[heads[r]] < low):
+                low, found = rows[heads[r]], True
+        if not found:
+            return out_rows[:m], out[:m]
+        out_rows[m] = low
+        for r in range(runs):
+            h = heads[r]
+            if h < ends[r] and rows[h] == low:
+                for j in range(dim):
+                    out[m, j] += grads[h, j]
+                heads[r] = h + 1
+        m += 1
 
 
 def coalesce(rows: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

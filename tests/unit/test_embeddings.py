@@ -46,6 +46,21 @@ def test_kernels_match_a_numpy_reference(kind):
     np.testing.assert_allclose(state, expected_s, rtol=1e-5, atol=1e-6)
 
 
+@given(st.lists(st.sets(st.integers(0, 40)), min_size=1, max_size=12), st.integers(0, 2**31))
+def test_coalesce_of_sorted_runs_is_the_stable_sums(parts, seed):
+    """A gathered push is one sorted run per worker: up to 8 runs are merged, more are
+    sorted; either way each row's gradients are summed in the order they come (the same
+    bits as summing them one by one)."""
+    rows = np.concatenate([np.array(sorted(p), np.int64) for p in parts])
+    grads = np.random.default_rng(seed).normal(size=(len(rows), 3)).astype(np.float32)
+    uniq, summed = coalesce(rows, grads)
+    np.testing.assert_array_equal(uniq, np.unique(rows))
+    expected = np.zeros((len(uniq), 3), np.float32)
+    for row, grad in zip(np.searchsorted(uniq, rows), grads, strict=True):
+        expected[row] += grad
+    np.testing.assert_array_equal(summed, expected)
+
+
 def test_coalesce_sums_duplicates():
     rows = np.array([5, 2, 5, 9, 2, 5])
     grads = np.arange(12, dtype=np.float32).reshape(6, 2)
