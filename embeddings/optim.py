@@ -99,12 +99,17 @@ _MERGED_RUNS = 8  # up to this many sorted runs are merged; more are sorted
 @numba.njit(cache=True, nogil=True)
 def _coalesce(rows, grads):  # pragma: no cover - compiled
     n = rows.shape[0]
-    runs = 1  # strictly increasing stretches: one per worker's lookup in a gathered push
+    # strictly increasing stretches (one per worker's lookup in a gathered push): where
+    # each starts, noted while there are few enough to merge
+    starts = np.zeros(_MERGED_RUNS, np.int64)
+    runs = 1
     for i in range(1, n):
         if rows[i] <= rows[i - 1]:
+            if runs < _MERGED_RUNS:
+                starts[runs] = i
             runs += 1
     if runs <= _MERGED_RUNS:
-        return _merge_runs(rows, grads, runs)
+        return _merge_runs(rows, grads, starts[:runs])
     order = np.argsort(rows, kind="mergesort")
     out_rows = np.empty(n, dtype=rows.dtype)
     out = np.zeros((n, grads.shape[1]), dtype=grads.dtype)
@@ -120,20 +125,15 @@ def _coalesce(rows, grads):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
-def _merge_runs(rows, grads, runs):  # pragma: no cover - compiled
-    """``_coalesce`` of ``runs`` strictly increasing stretches by one merge, each output
-    row taking the smallest head: no sort, and each row's gradients summed in the order
-    they come, as the stable sort sums them (the same bits)."""
-    n, dim = rows.shape[0], grads.shape[1]
+def _merge_runs(rows, grads, starts):  # pragma: no cover - compiled
+    """``_coalesce`` of the strictly increasing stretches beginning at ``starts`` by one
+    merge, each output row taking the smallest head: no sort, and each row's gradients
+    summed in the order they come, as the stable sort sums them (the same bits)."""
+    n, dim, runs = rows.shape[0], grads.shape[1], starts.shape[0]
+    heads = starts.copy()
     ends = np.empty(runs, np.int64)
-    heads = np.zeros(runs, np.int64)
-    k = 0
-    for i in range(1, n):
-        if rows[i] <= rows[i - 1]:
-            ends[k] = i
-            k += 1
-            heads[k] = i
-    ends[runs - 1] = n
+    ends[:-1] = starts[1:]
+    ends[-1] = n
     out_rows = np.empty(n, dtype=rows.dtype)
     out = np.zeros((n, dim), dtype=grads.dtype)
     m = 0

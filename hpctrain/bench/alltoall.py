@@ -51,7 +51,7 @@ def run(args: argparse.Namespace, group: Group) -> list[dict[str, Any]] | None:
         cases = _cases(group, send, counts, matrix)
         calls = _calls_for(group.comm, cases[BASELINE])
         times = _interleaved(group.comm, cases, args.reps, calls)
-        chosen = choose_exchange(ByteMatrix(matrix * 4), group.layout, group.params).name
+        chosen = choose_exchange(ByteMatrix(matrix, row=4), group.layout, group.params).name
         base, base_best = times[BASELINE]
         for name, (median, best) in times.items():
             rows.append({"size_bytes": per * p * 4, "ranks": p, "algorithm": name,

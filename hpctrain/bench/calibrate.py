@@ -142,7 +142,7 @@ def _alltoall_point(group: Group, algorithm: str, total: int,
     def exchange() -> None:
         alltoallv(send, counts, comm=group, algorithm=algorithm, matrix=matrix)
     exchange()
-    return counts_bytes(Matrix(matrix * 4, group.rank)), _best(group.comm, exchange,
+    return counts_bytes(Matrix(matrix, group.rank, row=4)), _best(group.comm, exchange,
                                                                _calls(total))
 
 

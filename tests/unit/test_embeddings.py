@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from embeddings.collection import EmbeddingCollection, sorted_unique, unique_rows
@@ -46,6 +46,7 @@ def test_kernels_match_a_numpy_reference(kind):
     np.testing.assert_allclose(state, expected_s, rtol=1e-5, atol=1e-6)
 
 
+@settings(deadline=None)  # the first example may compile the kernels
 @given(st.lists(st.sets(st.integers(0, 40)), min_size=1, max_size=12), st.integers(0, 2**31))
 def test_coalesce_of_sorted_runs_is_the_stable_sums(parts, seed):
     """A gathered push is one sorted run per worker: up to 8 runs are merged, more are
