@@ -7,10 +7,14 @@ samples, since load from elsewhere only adds time. Latencies (``alpha``) come fr
 messages and per-byte costs (``beta``, ``gamma``) from large ones (256 KiB to 16 MiB; the
 dearest per byte is kept), so the model holds at both ends of the size range:
 
-- ``p2p``: ``MPI_Sendrecv`` between ranks ``2i`` and ``2i+1``;
-- ``net``: the same between the first ranks of two nodes (kept at the default on one node);
-- ``shm``: ``alpha`` = one flag synchronisation of the node's window, ``beta`` = one
-  core's copy time per byte into the window;
+- ``p2p``: ``alpha`` = a recursive-doubling allreduce of 8 bytes per round (what a step
+  of the point-to-point algorithms costs, Python included), ``beta`` from ``MPI_Sendrecv``
+  between ranks ``2i`` and ``2i+1``;
+- ``net``: ``MPI_Sendrecv`` between the first ranks of two nodes (kept at the default on
+  one node);
+- ``shm``: ``alpha`` = the shared window's one-synchronisation allreduce of 8 bytes (a
+  synchronisation as a collective pays it), ``beta`` = one core's copy time per byte
+  into the window;
 - ``gamma``: the reduction kernel's time per byte (into the window);
 - ``native`` and ``torch``: ``MPI_Allreduce`` and gloo's allreduce, as
   ``alpha * ceil(log2 p) + beta * 2 (p-1)/p * bytes``;
@@ -40,7 +44,7 @@ from hpctrain.comm.calibration import fit, write_params
 from hpctrain.comm.collectives import allreduce
 from hpctrain.comm.group import Group
 from hpctrain.comm.types import CostParams, Link
-from hpctrain.comm.window import Window
+from hpctrain.comm.window import Window, allreduce_small
 
 __all__ = ["calibrate", "run_calibrate"]
 
@@ -70,21 +74,40 @@ def _calls(nbytes: int) -> int:
     return max(1, min(200, (1 << 20) // max(nbytes, 1)))
 
 
+def _whole(group: Group, algorithm: str) -> float:
+    """Seconds of one allreduce of 8 bytes by ``algorithm``: the latency its steps pay
+    inside a call, Python's share included (collective over ``group``)."""
+    buf = np.zeros(2, np.float32)
+    allreduce(buf, comm=group, algorithm=algorithm)
+    return _best(group.comm, lambda: allreduce(buf, comm=group, algorithm=algorithm), 200)
+
+
+def _rounds(p: int) -> int:
+    """Message rounds of recursive doubling over ``p`` ranks (two more to fold the ranks
+    beyond a power of two)."""
+    steps = p.bit_length() - 1
+    return steps + (0 if p == 1 << steps else 2)
+
+
 def calibrate(group: Group) -> CostParams:
     """Measure every parameter (collective over ``group.comm``; same result on all ranks)."""
     comm, layout, rank, p = group.comm, group.layout, group.rank, group.size
+    tiny = np.zeros(2, np.float32)
     defaults = CostParams()
     p2p, net, native, torch_link = defaults.p2p, defaults.net, defaults.native, defaults.torch
     if p > 1:
         partner = rank ^ 1 if (rank ^ 1) < p else None
         p2p = fit(_exchange(comm, partner, 8), [_exchange(comm, partner, n) for n in _SIZES])
+        p2p = Link(max(_whole(group, "recursive_doubling") / _rounds(p), 1e-8), p2p.beta)
     if layout.nodes > 1:
         leaders = [r for r in comm.allgather(rank if layout.local_rank == 0 else -1) if r >= 0]
         peer = {leaders[0]: leaders[1], leaders[1]: leaders[0]}.get(rank)
         net = fit(_exchange(comm, peer, 8), [_exchange(comm, peer, n) for n in _SIZES])
 
+    sync = _best(comm, lambda: allreduce_small(tiny, group.arena(8), kernels.SUM,
+                                                kernels.ARITH), 200) \
+        if group.node.Get_size() > 1 else defaults.shm.alpha
     window = Window(group.node, _LARGE, spin=group.spin)
-    sync = _best(comm, window.sync, 200)
     src = np.ones(_LARGE // 4, np.float32)
     dst = window.row(window.rank, 0, src.dtype, src.size)  # shared memory, as in shm
     copy = _best(comm, lambda: np.copyto(dst, src), 2) / _LARGE

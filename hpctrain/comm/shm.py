@@ -31,10 +31,13 @@ __all__ = ["Shm", "SHM", "sync_cost", "small_limit"]
 
 
 def small_limit(layout: Layout, params: CostParams) -> float:
-    """Bytes below which the one-synchronisation path is cheaper: the two costs differ by
-    ``bytes * (gamma (p-1) - beta) - sync`` (both paths copy ``2 * bytes`` in all)."""
-    extra = params.gamma * (layout.size - 1) - params.shm.beta
-    return sync_cost(layout, params) / extra if extra > 0 else float("inf")
+    """Bytes below which the one-synchronisation path is cheaper: it costs
+    ``bytes * (beta / p + gamma (p-1)^2 / p)`` more than the slices (it copies every
+    byte out of the first row and reduces the whole buffer on every rank) and one
+    synchronisation less."""
+    p = layout.size
+    extra = (params.shm.beta + params.gamma * (p - 1) ** 2) / p
+    return sync_cost(layout, params) / extra
 
 
 def sync_cost(layout: Layout, params: CostParams) -> float:
@@ -57,23 +60,30 @@ class Shm(Algorithm):
 
     @staticmethod
     def small_cost(nbytes: int, p: int, params: CostParams, sync: float) -> Cost:
-        return Cost(latency_s=sync, transfer_s=params.shm.beta * nbytes,
-                    compute_s=params.gamma * p * nbytes)
+        """Copy in, one synchronisation, every rank starts from the first row (a copy) and
+        folds the other ``p - 1`` rows into it."""
+        return Cost(latency_s=sync, transfer_s=2.0 * params.shm.beta * nbytes,
+                    compute_s=params.gamma * (p - 1) * nbytes)
 
     @staticmethod
     def slices_cost(nbytes: int, p: int, params: CostParams, sync: float,
                     resident: bool) -> Cost:
+        """Two synchronisations; rank ``r`` folds ``p - 1`` rows into slice ``r`` and writes
+        it to its row (resident: to every row), and a private buffer is copied in and out
+        except for its own slice."""
         copies = 0.0 if resident else 2.0 * (p - 1) / p * nbytes
-        writes = (p - 1) / p * nbytes if resident else 2.0 * nbytes / p
+        writes = (p - 1) / p * nbytes if resident else nbytes / p
         return Cost(latency_s=2 * sync, transfer_s=params.shm.beta * (copies + writes),
-                    compute_s=params.gamma * nbytes)
+                    compute_s=params.gamma * (p - 1) / p * nbytes)
 
     def cost(self, req: Request, layout: Layout, params: CostParams) -> Cost:
+        """The cost of the path :meth:`bind` takes."""
         p, n = layout.size, req.nbytes
         sync = sync_cost(layout, params)
         if req.primitive == "allreduce":
-            return min(self.slices_cost(n, p, params, sync, req.resident),
-                       self.small_cost(n, p, params, sync), key=lambda c: c.seconds)
+            if n < small_limit(layout, params):
+                return self.small_cost(n, p, params, sync)
+            return self.slices_cost(n, p, params, sync, req.resident)
         moved = {"reduce_scatter": 2.0 * (p - 1) / p * n, "allgather": 2.0 * (p - 1) / p * n,
                  "broadcast": 2.0 * n}[req.primitive]
         reduced = n if req.primitive == "reduce_scatter" else 0.0

@@ -79,12 +79,14 @@ class Link:
 
 @dataclass(frozen=True)
 class CostParams:
-    """Machine parameters of the cost model (defaults: ``hpctrain bench calibrate`` on two
-    ranks of a 2-core EPYC VM with MPICH 5; ``net`` is a guess for a cluster network).
+    """Machine parameters of the cost model (defaults: medians of three ``hpctrain bench
+    calibrate`` runs on two ranks of a 2-core Xeon VM with the MPICH wheel; ``net`` is a
+    guess for a cluster network).
 
-    ``p2p`` is an MPI point-to-point message between ranks of a node (ring, tree,
-    recursive), ``net`` one between nodes, ``shm`` a flag synchronisation and a memory copy
-    in the node's shared window, ``gamma`` the reduction time per input byte. ``native``
+    ``p2p`` is a step of the point-to-point algorithms between ranks of a node (ring, tree,
+    recursive: the message and the algorithm's Python), ``net`` a message between nodes,
+    ``shm`` a synchronisation of the node's shared window (as an allreduce pays it) and a
+    memory copy into it, ``gamma`` the reduction time per input byte. ``native``
     and ``torch`` fit the whole library allreduce as ``alpha * ceil(log2 p) +
     beta * 2 (p-1)/p * bytes``, since their internal algorithm is not ours to model
     (across nodes they are taken to be no faster than ``net``).
@@ -99,11 +101,11 @@ class CostParams:
     (waiting for a descheduled peer dominates there).
     """
 
-    p2p: Link = Link(2.2e-6, 3.0e-10)
+    p2p: Link = Link(6.0e-6, 8.5e-11)
     net: Link = Link(2e-5, 1.0e-9)
-    shm: Link = Link(0.6e-6, 1.2e-10)
-    gamma: float = 1.2e-10
-    native: Link = Link(4.5e-6, 5.5e-10)
+    shm: Link = Link(2.2e-6, 6.9e-11)
+    gamma: float = 7.0e-11
+    native: Link = Link(5.2e-6, 1.74e-10)
     torch: Link = Link(2.5e-4, 2.0e-9)
     exchange_shm: Link = Link(4.7e-6, 7.0e-11)
     exchange_p2p: Link = Link(1.34e-5, 8.7e-11)

@@ -13,7 +13,7 @@ from hpctrain.bench.allreduce import parse_sizes
 from hpctrain.comm import calibration, select
 from hpctrain.comm.calibration import fit
 from hpctrain.comm.collectives import as_storage
-from hpctrain.comm.shm import SHM, Shm, sync_cost
+from hpctrain.comm.shm import SHM, Shm, small_limit, sync_cost
 from hpctrain.comm.types import DTYPES, Cost, CostParams, Layout, Link, Request, chunk_bounds
 from hpctrain.config import CommConfig
 from hpctrain.errors import CommError
@@ -65,6 +65,22 @@ def test_shared_memory_uses_its_one_sync_path_only_for_small_buffers():
         SHM.cost(allreduce(large), ONE_NODE, params).seconds
     oversubscribed = dataclasses.replace(ONE_NODE, oversubscribed=True)
     assert sync_cost(oversubscribed, params) == params.oversubscribed * params.shm.alpha
+
+
+def test_two_ranks_take_the_slices_path_for_large_buffers_even_when_copying_costs_reducing():
+    """With ``gamma == beta`` (as calibrated on a 2-core Xeon) the one-synchronisation path
+    reads twice as much and must still give way: it once ran every 2-rank buffer, 1.3x
+    slower than the slices at 4 MiB."""
+    two = Layout(size=2, rank=0, local_size=2, local_rank=0, nodes=1, uniform=True)
+    params = dataclasses.replace(CostParams(), shm=Link(2e-6, 7e-11), gamma=7e-11)
+    limit = small_limit(two, params)
+    assert 8 << 10 < limit < 256 << 10
+    sync = sync_cost(two, params)
+    for nbytes in (int(limit) // 2, int(limit) * 2):
+        small = Shm.small_cost(4 * (nbytes // 4), 2, params, sync)
+        slices = Shm.slices_cost(4 * (nbytes // 4), 2, params, sync, False)
+        assert SHM.cost(allreduce(nbytes), two, params) == \
+            (small if small.seconds < slices.seconds else slices)
 
 
 def test_forcing_an_algorithm_that_cannot_serve_says_why():
