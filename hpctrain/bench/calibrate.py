@@ -7,9 +7,11 @@ samples, since load from elsewhere only adds time. Latencies (``alpha``) come fr
 messages and per-byte costs (``beta``, ``gamma``) from large ones (256 KiB to 16 MiB; the
 dearest per byte is kept), so the model holds at both ends of the size range:
 
-- ``p2p``: ``alpha`` = a recursive-doubling allreduce of 8 bytes per round (what a step
-  of the point-to-point algorithms costs, Python included), ``beta`` from ``MPI_Sendrecv``
-  between ranks ``2i`` and ``2i+1``;
+- ``p2p``: the link with which halving-doubling's cost reproduces its own whole calls over
+  the node's ranks (8 bytes for ``alpha``, 256 KiB-16 MiB for ``beta``): a step of the
+  point-to-point algorithms as they pay it, their Python and MPI's protocol switches
+  included (``MPI_Sendrecv`` alone priced 1 MiB at two thirds of what the algorithms
+  take);
 - ``net``: ``MPI_Sendrecv`` between the first ranks of two nodes (kept at the default on
   one node);
 - ``shm``: ``alpha`` = the shared window's one-synchronisation allreduce of 8 bytes (a
@@ -43,7 +45,8 @@ from hpctrain.comm.alltoall import Matrix, alltoallv, exchange_counts
 from hpctrain.comm.calibration import fit, write_params
 from hpctrain.comm.collectives import allreduce
 from hpctrain.comm.group import Group
-from hpctrain.comm.types import CostParams, Link
+from hpctrain.comm.recursive import HALVING_DOUBLING
+from hpctrain.comm.types import DTYPES, CostParams, Link, Request
 from hpctrain.comm.window import Window, allreduce_small
 
 __all__ = ["calibrate", "run_calibrate"]
@@ -74,19 +77,34 @@ def _calls(nbytes: int) -> int:
     return max(1, min(200, (1 << 20) // max(nbytes, 1)))
 
 
-def _whole(group: Group, algorithm: str) -> float:
-    """Seconds of one allreduce of 8 bytes by ``algorithm``: the latency its steps pay
-    inside a call, Python's share included (collective over ``group``)."""
-    buf = np.zeros(2, np.float32)
-    allreduce(buf, comm=group, algorithm=algorithm)
-    return _best(group.comm, lambda: allreduce(buf, comm=group, algorithm=algorithm), 200)
+def _p2p(group: Group, gamma: float) -> Link:
+    """The node's point-to-point link as the algorithms pay it: the ``alpha`` and ``beta``
+    with which halving-doubling's cost model gives the times of its whole calls over the
+    node's ranks (Python's share included): ``alpha`` from 8 bytes, ``beta`` the dearest
+    per byte of 256 KiB-16 MiB (collective over ``group``; every node measures its own)."""
+    node = Group(group.node, group.config)
+    try:
+        def seconds(nbytes: int) -> float:
+            buf = np.zeros(nbytes // 4, np.float32)
+            allreduce(buf, comm=node, algorithm="halving_doubling")
+            return _best(group.comm, lambda: allreduce(buf, comm=node,
+                                                       algorithm="halving_doubling"),
+                         _calls(nbytes))
 
+        def predicted(nbytes: int, link: Link) -> float:
+            return HALVING_DOUBLING.cost(Request("allreduce", nbytes // 4, DTYPES["float32"]),
+                                         node.layout, CostParams(p2p=link, gamma=gamma,
+                                                                 oversubscribed=1.0)).seconds
 
-def _rounds(p: int) -> int:
-    """Message rounds of recursive doubling over ``p`` ranks (two more to fold the ranks
-    beyond a power of two)."""
-    steps = p.bit_length() - 1
-    return steps + (0 if p == 1 << steps else 2)
+        base = predicted(8, Link(0.0, 0.0))
+        alpha = (seconds(8) - base) / (predicted(8, Link(1.0, 0.0)) - base)
+        alpha = max(alpha, 1e-8)
+        beta = max((seconds(n) - predicted(n, Link(alpha, 0.0))) /
+                   (predicted(n, Link(0.0, 1.0)) - predicted(n, Link(0.0, 0.0)))
+                   for n in _SIZES)
+        return Link(alpha, max(beta, 1e-13))
+    finally:
+        node.free()
 
 
 def calibrate(group: Group) -> CostParams:
@@ -95,10 +113,6 @@ def calibrate(group: Group) -> CostParams:
     tiny = np.zeros(2, np.float32)
     defaults = CostParams()
     p2p, net, native, torch_link = defaults.p2p, defaults.net, defaults.native, defaults.torch
-    if p > 1:
-        partner = rank ^ 1 if (rank ^ 1) < p else None
-        p2p = fit(_exchange(comm, partner, 8), [_exchange(comm, partner, n) for n in _SIZES])
-        p2p = Link(max(_whole(group, "recursive_doubling") / _rounds(p), 1e-8), p2p.beta)
     if layout.nodes > 1:
         leaders = [r for r in comm.allgather(rank if layout.local_rank == 0 else -1) if r >= 0]
         peer = {leaders[0]: leaders[1], leaders[1]: leaders[0]}.get(rank)
@@ -114,6 +128,8 @@ def calibrate(group: Group) -> CostParams:
     gamma = _best(comm, lambda: kernels.reduce_pair(dst, src, kernels.SUM, kernels.ARITH),
                   2) / _LARGE
     window.free()
+    if layout.local_size > 1:
+        p2p = _p2p(group, gamma)
 
     if p > 1:
         volume = 2.0 * (p - 1) / p

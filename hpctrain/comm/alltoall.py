@@ -249,9 +249,9 @@ def _shm_exchange(send, out, mem, words, info, rank, chunk, base, value, polls):
     lo, hi = info[_HEAD + rank], info[_HEAD + rank + 1]
     copy_bytes(mem, rank * chunk + base, send, 0, lo)
     copy_bytes(mem, rank * chunk + base + hi, send, hi, send.size - hi)
-    publish_flag(words, chunk // 8, rank, value)
+    publish_flag(words, chunk // 8, rank, value, 0)
     copy_bytes(out, info[_HEAD + p + 1 + rank], send, lo, hi - lo)
-    if not flags_reached(words, chunk // 8, p, value, polls):
+    if not flags_reached(words, chunk // 8, p, value, polls, 0):
         return False
     _copy_out(out, mem, info, rank, chunk, base)
     return True

@@ -143,7 +143,7 @@ class Group:
             size = max(_MIN_ARENA, 1 << (max(nbytes, 1) - 1).bit_length())
             if self._arena is not None:
                 self._arena.free()
-            self._arena = Window(self.node, size, rows=2, spin=self.spin)
+            self._arena = Window(self.node, size, rows=2, slots=3, spin=self.spin)
         return self._arena
 
     def scratch(self, count: int, dtype: np.dtype) -> np.ndarray:

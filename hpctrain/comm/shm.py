@@ -3,7 +3,7 @@
 Every rank of the node communicator maps the same memory, so a collective is loads and
 stores plus flag synchronisation; no message passes through MPI. Allreduce takes the
 one-synchronisation path below :func:`small_limit` bytes and the sliced (or, for resident
-buffers, in-place) path above it.
+buffers, in-place) path above it, piece by piece from ``PIPELINE_BYTES`` (numeric dtypes).
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ from hpctrain.comm import kernels
 from hpctrain.comm.algorithm import Algorithm
 from hpctrain.comm.types import OP_KERNEL, Cost, CostParams, Layout, Request, chunk_bounds
 from hpctrain.comm.window import (
+    PIPELINE_BYTES,
     Window,
+    allreduce_pipelined,
     allreduce_resident,
     allreduce_slices,
     allreduce_small,
@@ -101,6 +103,8 @@ class Shm(Algorithm):
             return lambda arr: allreduce_small(arr, group.arena(nbytes), op, kind)
         if req.resident:
             return super().bind(req, group)
+        if kind == kernels.ARITH and nbytes >= PIPELINE_BYTES:
+            return lambda arr: allreduce_pipelined(arr, group.arena(nbytes), op)
         return lambda arr: allreduce_slices(arr, group.arena(nbytes), op, kind)
 
     def run(self, req: Request, arr: np.ndarray, group: Group) -> None:

@@ -101,10 +101,10 @@ class CostParams:
     (waiting for a descheduled peer dominates there).
     """
 
-    p2p: Link = Link(6.0e-6, 8.5e-11)
+    p2p: Link = Link(4.9e-6, 1.33e-10)
     net: Link = Link(2e-5, 1.0e-9)
-    shm: Link = Link(2.2e-6, 6.9e-11)
-    gamma: float = 7.0e-11
+    shm: Link = Link(2.4e-6, 7.5e-11)
+    gamma: float = 7.5e-11
     native: Link = Link(5.2e-6, 1.74e-10)
     torch: Link = Link(2.5e-4, 2.0e-9)
     exchange_shm: Link = Link(4.7e-6, 7.0e-11)

@@ -48,12 +48,13 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from hpctrain.comm import kernels
+from hpctrain.comm.kernels import _accumulate
 from hpctrain.comm.types import chunk_bounds
 from hpctrain.runtime.waiting import watching
 
 __all__ = ["Window", "Resident", "ResidentAllreduce", "allreduce_small", "allreduce_slices",
-           "allreduce_resident", "complete", "open_windows", "publish_flag", "flags_reached",
-           "copy_bytes"]
+           "allreduce_resident", "allreduce_pipelined", "PIPELINE_BYTES", "complete",
+           "open_windows", "publish_flag", "flags_reached", "copy_bytes"]
 
 _LINE = 64
 Between = Callable[[np.ndarray], None]
@@ -97,23 +98,23 @@ def copy_bytes(typingctx, dst, dst_at, src, src_at, n):  # noqa: ARG001 - numba'
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def publish_flag(words, stride, rank, value):
-    """:meth:`Window.publish` for slot 0: fence, then store ``value`` in ``rank``'s flag
+def publish_flag(words, stride, rank, value, slot):
+    """:meth:`Window.publish`: fence, then store ``value`` in ``rank``'s flag ``slot``
     (``words`` is the window as int64, ``stride`` its chunk in words)."""
     _fence()
-    words[rank * stride] = value
+    words[rank * stride + slot * (_LINE // 8)] = value
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def flags_reached(words, stride, ranks, value, polls):
-    """Whether every rank's slot-0 flag reached ``value`` within ``polls + 1`` polls (then
-    fenced, so the others' stores are visible); ``False`` leaves the waiting, which may
-    yield the core, to :meth:`Window.wait`."""
+def flags_reached(words, stride, ranks, value, polls, slot):
+    """Whether every rank's flag ``slot`` reached ``value`` within ``polls + 1`` polls
+    (then fenced, so the others' stores are visible); ``False`` leaves the waiting, which
+    may yield the core, to :meth:`Window.wait`."""
     for _ in range(polls + 1):
         _fence()
         behind = False
         for k in range(ranks):
-            if words[k * stride] < value:
+            if words[k * stride + slot * (_LINE // 8)] < value:
                 behind = True
                 break
         if not behind:
@@ -214,6 +215,14 @@ class Window:
         self.publish(value, slot)
         self.wait(value, slot)
 
+    def reserve(self, count: int, *slots: int) -> int:
+        """The first of ``count`` consecutive values of flag ``slots`` (a call that
+        publishes several in a row)."""
+        first = self._values[slots[0]] + 1
+        for slot in slots:
+            self._values[slot] += count
+        return first
+
     def next_half(self, repeat: tuple[int, ...] | None = None) -> int:
         """The half this call uses: the other one than last time, unless the call is a
         two-synchronisation slice allreduce with the same slicing as the previous call
@@ -283,6 +292,84 @@ def allreduce_slices(arr: np.ndarray, arena: Window, op: int, kind: int,
     for k in range(p):
         if k != r:
             arr[b[k]:b[k + 1]] = flat[k * stride + b[k]: k * stride + b[k + 1]]
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _bound(m, p, k):
+    """Start of balanced part ``k`` of ``range(m)`` over ``p`` parts (:func:`chunk_bounds`)."""
+    return k * (m // p) + min(k, m % p)
+
+
+@numba.njit(cache=True, nogil=True)
+def _pipeline(arr, raw, flat, mem, at, stride, words, wstride, rank, p, piece, slots, value,
+              state, polls, op):
+    """The slices allreduce piece by piece through ``slots`` cache-sized slots of each
+    rank's row, from where ``state`` (piece, stage) says; ``False`` when a flag was not
+    reached within ``polls`` polls (``state`` then says where to go on).
+
+    Per piece: copy the others' slices in, publish flag 1, wait for every rank's; reduce
+    this rank's slice and write it to the row, publish flag 2, wait; copy the others'
+    results out. A slot is written again ``slots >= 2`` pieces later, after every rank
+    published flag 2 of a later piece, so after it copied this piece out."""
+    n, size = arr.size, arr.itemsize
+    c, stage = state[0], state[1]
+    while c * piece < n:
+        lo = c * piece
+        m = min(n, lo + piece) - lo
+        mine = rank * stride + (c % slots) * piece
+        a, b = lo + _bound(m, p, rank), lo + _bound(m, p, rank + 1)
+        if stage == 0:
+            copy_bytes(mem, at + mine * size, raw, lo * size, (a - lo) * size)
+            copy_bytes(mem, at + (mine + b - lo) * size, raw, b * size, (lo + m - b) * size)
+            publish_flag(words, wstride, rank, value + c, 1)
+            stage = 1
+        if stage == 1:
+            if not flags_reached(words, wstride, p, value + c, polls, 1):
+                state[0], state[1] = c, stage
+                return False
+            for k in range(p):
+                if k != rank:
+                    _accumulate(arr[a:b], flat[k * stride + mine - rank * stride + a - lo:
+                                               k * stride + mine - rank * stride + b - lo], op)
+            copy_bytes(mem, at + (mine + a - lo) * size, raw, a * size, (b - a) * size)
+            publish_flag(words, wstride, rank, value + c, 2)
+            stage = 2
+        if not flags_reached(words, wstride, p, value + c, polls, 2):
+            state[0], state[1] = c, stage
+            return False
+        for k in range(p):
+            if k != rank:
+                ka, kb = lo + _bound(m, p, k), lo + _bound(m, p, k + 1)
+                copy_bytes(raw, ka * size, mem,
+                           at + (k * stride + mine - rank * stride + ka - lo) * size,
+                           (kb - ka) * size)
+        c, stage = c + 1, 0
+    state[0], state[1] = c, 0
+    return True
+
+
+_PIECE_BYTES = 256 << 10
+_SLOTS = 4
+PIPELINE_BYTES = _SLOTS * _PIECE_BYTES
+"""Buffers from this size take :func:`allreduce_pipelined`."""
+
+
+def allreduce_pipelined(arr: np.ndarray, arena: Window, op: int) -> None:
+    """The slices path one piece of ``_PIECE_BYTES`` at a time, with a pair of flags per
+    piece: the window side of the copies stays in cache instead of the whole buffer going
+    through memory twice (2 ranks, 64 MiB: 17 -> 11 ms). Arithmetic dtypes; the arena's
+    rows hold ``_SLOTS`` pieces (``arr`` is at least as large)."""
+    half = arena.next_half()
+    flat, stride = arena.flat(half, arr.dtype)
+    piece = _PIECE_BYTES // arr.itemsize
+    pieces = -(-arr.size // piece)
+    value = arena.reserve(pieces, 1, 2)
+    state = np.zeros(2, np.int64)
+    at = arena.head + half * arena.row_bytes
+    while not _pipeline(arr, arr.view(np.uint8), flat, arena.mem, at, stride, arena.words,
+                        arena.chunk // 8, arena.rank, arena.size, piece, _SLOTS, value, state,
+                        arena.spin, op):
+        arena.wait(value + state[0], slot=int(state[1]))
 
 
 class ResidentAllreduce:
