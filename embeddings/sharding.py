@@ -30,7 +30,7 @@ from hpctrain.runtime import rng
 from hpctrain.runtime.topology import shard_range
 
 __all__ = ["SCHEMES", "TableShard", "ShardingPlan", "plan_sharding", "Placement", "bijection",
-           "locate_one"]
+           "locate_run"]
 
 SCHEMES = ("auto", "table", "row_range", "row_hash")
 _CODES = {"table": 0, "row_range": 1, "row_hash": 2}
@@ -136,7 +136,7 @@ class Placement:
         mult = np.array([s.multiplier for s in plan.tables], dtype=np.int64)
         shift = np.array([s.shift for s in plan.tables], dtype=np.int64)
         self.arrays = (code, owner, mult, shift, self.rows, self.base, np.int64(k))
-        """The plan as arrays for :func:`locate_one`: (scheme code, owner, multiplier, shift,
+        """The plan as arrays for :func:`locate_run`: (scheme code, owner, multiplier, shift,
         rows per table, base [servers, tables], servers)."""
 
     def server_rows(self, server: int) -> int:
@@ -166,23 +166,33 @@ class Placement:
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def locate_one(code, owner, mult, shift, rows, k, t, i):  # pragma: no cover - compiled
-    """(server, position among that server's rows of table ``t``) of id ``i``; the one
-    placement rule, used by :meth:`Placement.locate` and the parameter server's kernels."""
+def locate_run(code, owner, mult, shift, rows, k, t, ids, lo, hi, server,
+               local):  # pragma: no cover - compiled
+    """``server[j]``, ``local[j]`` (position among that server's rows of table ``t``) of each
+    id ``ids[j]`` of table ``t``, ``lo <= j < hi``: the one placement rule, used by
+    :meth:`Placement.locate` and the parameter server's kernels. The scheme is chosen once
+    per run: chosen per id, the branches kept numba's loop 5-40x slower."""
     c = code[t]
     if c == 0:
-        return owner[t], i
-    n = rows[t]
-    if c == 1:
+        for j in range(lo, hi):
+            server[j], local[j] = owner[t], ids[j]
+    elif c == 1:
+        n = rows[t]
         base, extra = n // k, n % k
         cut = extra * (base + 1)
-        if i < cut:
-            server = i // (base + 1)
-            return server, i - server * (base + 1)
-        server = extra + (i - cut) // max(base, 1)
-        return server, i - cut - (server - extra) * base
-    p = (mult[t] * i + shift[t]) % n
-    return p % k, p // k
+        for j in range(lo, hi):
+            i = ids[j]
+            if i < cut:
+                server[j] = i // (base + 1)
+                local[j] = i - server[j] * (base + 1)
+            else:
+                server[j] = extra + (i - cut) // max(base, 1)
+                local[j] = i - cut - (server[j] - extra) * base
+    else:
+        a, b, n = mult[t], shift[t], rows[t]
+        for j in range(lo, hi):
+            p = (a * ids[j] + b) % n
+            server[j], local[j] = p % k, p // k
 
 
 @numba.njit(cache=True, nogil=True)
@@ -190,10 +200,9 @@ def _locate_many(t, ids, code, owner, mult, shift, rows, base, k):  # pragma: no
     flat = ids.ravel()
     server = np.empty(flat.shape[0], dtype=np.int64)
     slot = np.empty(flat.shape[0], dtype=np.int64)
+    locate_run(code, owner, mult, shift, rows, k, t, flat, 0, flat.shape[0], server, slot)
     for j in range(flat.shape[0]):
-        s, local = locate_one(code, owner, mult, shift, rows, k, t, flat[j])
-        server[j] = s
-        slot[j] = base[s, t] + local
+        slot[j] += base[server[j], t]
     return server, slot
 
 

@@ -9,7 +9,7 @@ per-row Python.
 - :func:`gather_rows` / :func:`scatter_rows`: row copies between the shard, message buffers
   and the batch.
 
-Placement follows :func:`embeddings.sharding.locate_one`, the rule :class:`Placement` uses.
+Placement follows :func:`embeddings.sharding.locate_run`, the rule :class:`Placement` uses.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from embeddings.sharding import locate_one
+from embeddings.sharding import locate_run
 
 __all__ = ["route", "shard_slots", "gather_rows", "scatter_rows",
            "OK", "UNKNOWN_TABLE", "OUT_OF_RANGE", "WRONG_SERVER"]
@@ -34,11 +34,18 @@ def route(table, ids, groups, ngroups, code, owner, mult, shift, rows, base, k):
     n = table.shape[0]
     keys = k * ngroups
     key = np.empty(n, dtype=np.int64)
+    local = np.empty(n, dtype=np.int64)
     start = np.zeros(keys + 1, dtype=np.int64)
-    for j in range(n):
-        server, _ = locate_one(code, owner, mult, shift, rows, k, table[j], ids[j])
-        key[j] = server * ngroups + groups[table[j]]
-        start[key[j] + 1] += 1
+    lo = 0
+    while lo < n:  # one run of equal tables at a time
+        t, hi = table[lo], lo + 1
+        while hi < n and table[hi] == t:
+            hi += 1
+        locate_run(code, owner, mult, shift, rows, k, t, ids, lo, hi, key, local)
+        for j in range(lo, hi):
+            key[j] = key[j] * ngroups + groups[t]
+            start[key[j] + 1] += 1
+        lo = hi
     for c in range(keys):
         start[c + 1] += start[c]
     fill = start[:keys].copy()
@@ -71,23 +78,25 @@ def shard_slots(tables, counts, ids, me, code, owner, mult, shift, rows, base, k
     are strictly increasing."""
     unique = True
     at = 0
+    server = np.empty(ids.shape[0], dtype=np.int64)
     for g in range(tables.shape[0]):
         t = tables[g]
         if t < 0 or t >= rows.shape[0]:
             return UNKNOWN_TABLE, g, False
         if g > 0 and t <= tables[g - 1]:
             unique = False
-        for j in range(at, at + counts[g]):
+        end = at + counts[g]
+        locate_run(code, owner, mult, shift, rows, k, t, ids, at, end, server, slots)
+        for j in range(at, end):
             i = ids[j]
             if i < 0 or i >= rows[t]:
                 return OUT_OF_RANGE, j, False
-            server, local = locate_one(code, owner, mult, shift, rows, k, t, i)
-            if server != me:
+            if server[j] != me:
                 return WRONG_SERVER, j, False
-            slots[j] = base[me, t] + local
+            slots[j] += base[me, t]
             if j > at and i <= ids[j - 1]:
                 unique = False
-        at += counts[g]
+        at = end
     return OK, 0, unique
 
 
