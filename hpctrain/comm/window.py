@@ -33,7 +33,9 @@ Allreduce has two paths: latency-bound buffers are copied in and every rank redu
 whole buffer (one synchronisation); larger ones are split in ``p`` slices, rank ``r``
 reduces slice ``r`` over all rows and publishes it, and every rank copies the others'
 slices out (two synchronisations, ``2 (p-1)/p`` copies, the reduction spread over all
-cores).
+cores). From :data:`PIPELINE_BYTES` the slices path goes piece by piece
+(:func:`allreduce_pipelined`, one numba call, flags 1 and 2 per piece), so that the window
+side of its copies stays in cache.
 """
 
 from __future__ import annotations
