@@ -34,15 +34,22 @@ import numba
 import numpy as np
 import torch
 
+from embeddings.prefetch import AHEAD, prefetch_row
+
 __all__ = ["SparseOptimizer", "coalesce", "OPTIMIZERS"]
 
 OPTIMIZERS = ("sgd", "adagrad", "adam")  # the tables' choices (train.sparse_optimizer)
 _KINDS = (*OPTIMIZERS, "adagrad_values")
 
 
+# The kernels below prefetch the rows AHEAD of the one they update (embeddings.prefetch).
+
 @numba.njit(cache=True, nogil=True)
 def _sgd(weight, rows, grads, lr):  # pragma: no cover - compiled
-    for i in range(rows.shape[0]):
+    n = rows.shape[0]
+    for i in range(n):
+        if i + AHEAD < n:
+            prefetch_row(weight, rows[i + AHEAD])
         r = rows[i]
         for j in range(weight.shape[1]):
             weight[r, j] -= lr * grads[i, j]
@@ -50,8 +57,11 @@ def _sgd(weight, rows, grads, lr):  # pragma: no cover - compiled
 
 @numba.njit(cache=True, nogil=True)
 def _rowwise_adagrad(weight, state, rows, grads, lr, eps):  # pragma: no cover - compiled
-    dim = weight.shape[1]
-    for i in range(rows.shape[0]):
+    n, dim = rows.shape[0], weight.shape[1]
+    for i in range(n):
+        if i + AHEAD < n:
+            prefetch_row(weight, rows[i + AHEAD])
+            prefetch_row(state, rows[i + AHEAD])
         r = rows[i]
         sq = 0.0
         for j in range(dim):
@@ -64,8 +74,11 @@ def _rowwise_adagrad(weight, state, rows, grads, lr, eps):  # pragma: no cover -
 
 @numba.njit(cache=True, nogil=True)
 def _adagrad_values(weight, state, rows, grads, lr, eps):  # pragma: no cover - compiled
-    dim = weight.shape[1]
-    for i in range(rows.shape[0]):
+    n, dim = rows.shape[0], weight.shape[1]
+    for i in range(n):
+        if i + AHEAD < n:
+            prefetch_row(weight, rows[i + AHEAD])
+            prefetch_row(state, rows[i + AHEAD])
         r = rows[i]
         for j in range(dim):
             a, s = state[r, j], state[r, dim + j]
@@ -77,8 +90,11 @@ def _adagrad_values(weight, state, rows, grads, lr, eps):  # pragma: no cover - 
 
 @numba.njit(cache=True, nogil=True)
 def _lazy_adam(weight, state, rows, grads, lr, beta1, beta2, eps):  # pragma: no cover
-    dim = weight.shape[1]
-    for i in range(rows.shape[0]):
+    n, dim = rows.shape[0], weight.shape[1]
+    for i in range(n):
+        if i + AHEAD < n:
+            prefetch_row(weight, rows[i + AHEAD])
+            prefetch_row(state, rows[i + AHEAD])
         r = rows[i]
         state[r, 2 * dim] += 1.0
         t = state[r, 2 * dim]

@@ -116,18 +116,20 @@ def test_collection_gradients_equal_dense_embedding_bags():
 
 @pytest.mark.parametrize("kind", ["sgd", "adagrad", "adam"])
 def test_torch_updates_equal_the_kernels(kind):
-    """The device path of the hot tier (torch ops) matches the numba kernels."""
+    """The device path of the hot tier (torch ops) matches the numba kernels (on more rows
+    than the kernels prefetch ahead)."""
     rng = np.random.default_rng(1)
     opt = SparseOptimizer(kind)
-    weight = rng.normal(size=(30, 4)).astype(np.float32)
-    state = opt.new_state(30, 4)
+    weight = rng.normal(size=(300, 4)).astype(np.float32)
+    state = opt.new_state(300, 4)
     w_t, s_t = torch.from_numpy(weight.copy()), torch.from_numpy(state.copy())
     for _ in range(3):
-        rows = rng.choice(30, size=8, replace=False).astype(np.int64)
-        grads = rng.normal(size=(8, 4)).astype(np.float32)
+        rows = rng.choice(300, size=80, replace=False).astype(np.int64)
+        grads = rng.normal(size=(80, 4)).astype(np.float32)
         opt.apply(weight, state, rows, grads, 0.1)
         opt.apply_torch(w_t, s_t, torch.from_numpy(rows), torch.from_numpy(grads), 0.1)
-    np.testing.assert_allclose(w_t.numpy(), weight, rtol=1e-5, atol=1e-6)
+    # float32 in a different order of operations: Adam's steps differ by up to ~1e-6
+    np.testing.assert_allclose(w_t.numpy(), weight, rtol=1e-5, atol=5e-6)
     np.testing.assert_allclose(s_t.numpy(), state, rtol=1e-5, atol=1e-6)
 
 
