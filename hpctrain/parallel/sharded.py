@@ -40,6 +40,7 @@ from hpctrain.comm.group import Group
 from hpctrain.comm.types import chunk_bounds
 from hpctrain.errors import CommError
 from hpctrain.runtime import trace
+from hpctrain.runtime.finite import all_finite
 
 __all__ = ["ShardedGradients", "cut", "overlaps"]
 
@@ -227,9 +228,7 @@ class ShardedGradients:
             self.arm(stats)
         while self._launched < len(self.buckets):
             self._launch(self.buckets[self._launched])
-        total = self.shard.sum()  # a cheap test first; exact only when the sum is not finite
-        finite = bool(torch.isfinite(total)) or bool(torch.isfinite(self.shard).all())
-        self._stats[-1] = 0.0 if finite else 1.0
+        self._stats[-1] = 0.0 if all_finite(self.shard) else 1.0
         summed = self._stats.copy()
         if self.group.size > 1:
             allreduce(summed, comm=self.group)

@@ -39,6 +39,7 @@ from embeddings.tables import TableLayout
 from hpctrain.data.types import Batch
 from hpctrain.errors import NonFiniteError
 from hpctrain.runtime.abort import agree
+from hpctrain.runtime.finite import all_finite
 from hpctrain.train.stats import StepStats
 
 __all__ = ["NonFiniteGuard", "finite_samples"]
@@ -91,7 +92,7 @@ class NonFiniteGuard:
         """Check the gradients of the rows ``lookups`` pulled (global rows of ``layout``)."""
         for lookup in lookups:
             grad = lookup.values.grad
-            if self.finding is not None or grad is None or _finite(grad):
+            if self.finding is not None or grad is None or all_finite(grad):
                 continue
             row = int(lookup.rows[int(torch.nonzero(~torch.isfinite(grad))[0, 0])])
             table = int(layout.table_of(np.array([row]))[0])
@@ -142,10 +143,3 @@ def finite_samples(batch: Batch) -> tuple[Batch, int]:
     if good.all():
         return batch, 0
     return Batch(batch.dense[good], batch.sparse[good], batch.labels[good]), int((~good).sum())
-
-
-def _finite(grad: torch.Tensor) -> bool:
-    """Whether every element is finite: one sum (a NaN or Inf makes it non-finite, a pass
-    instead of ``isfinite``'s four), and the element-wise test only when the sum is not
-    (finite values whose sum overflows)."""
-    return bool(torch.isfinite(grad.sum())) or bool(torch.isfinite(grad).all())
