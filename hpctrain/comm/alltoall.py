@@ -13,7 +13,9 @@ bytes of the whole exchange:
   node's shared scratch window and its own segment straight to its output, one flag
   synchronisation, then every rank copies its segments out of the others' rows: two copies
   per byte that moves, no MPI message, and all of it in one numba call (``memcpy`` and
-  fences, :func:`~hpctrain.comm.window.flags_reached`) unless a rank is late;
+  fences, :func:`~hpctrain.comm.window.flags_reached`) unless a rank is late; from
+  ``_PIPELINE_SEGMENT`` bytes between two ranks it goes piece by piece through a few slots
+  (a pair of flags per piece), so the window side of both copies stays in cache;
 - ``native``: ``MPI_Alltoallv`` itself, the baseline.
 
 Under ``comm.emulate`` the pairwise messages go through the group's
@@ -95,6 +97,11 @@ class Matrix:
         return int(self.info[5])
 
     @property
+    def largest(self) -> int:
+        """Bytes of the largest segment one rank sends another."""
+        return int(self.info[6])
+
+    @property
     def received(self) -> int:
         """Bytes :attr:`rank` receives in all."""
         return int(self.info[_HEAD + 2 * self.size + 1])
@@ -110,29 +117,31 @@ class Matrix:
                 info[_HEAD + 3 * p + 2:_HEAD + 4 * p + 2], info[_HEAD + 4 * p + 2:])
 
 
-_HEAD = 6  # the five maxima and the size class precede the segments in ``Matrix.info``
+_HEAD = 7  # the five maxima, the size class and the largest segment precede the segments
 
 
 @numba.njit(cache=True)
 def _describe(counts, row, rank):  # one numba pass: numpy's reductions cost microseconds each
     p = counts.shape[0]
     info = np.zeros(_HEAD + 5 * p + 2, np.int64)
-    through = across = kept = rounds = most = 0
+    through = across = kept = rounds = most = largest = 0
     for r in range(p):
         sent = received = 0
         for j in range(p):
             sent += counts[r, j]
             received += counts[j, r]
+            if j != r:
+                largest = max(largest, counts[r, j])
         own = counts[r, r]
         most = max(most, sent)
         through = max(through, sent + received - own)
         across = max(across, sent - own, received - own)
         kept = max(kept, own)
     for k in range(1, p):
-        largest = 0
+        round_max = 0
         for r in range(p):
-            largest = max(largest, counts[r, (r + k) % p])
-        rounds += largest
+            round_max = max(round_max, counts[r, (r + k) % p])
+        rounds += round_max
     maxima = (through, across, kept, rounds, most)
     key = 0
     for i in range(5):
@@ -145,6 +154,7 @@ def _describe(counts, row, rank):  # one numba pass: numpy's reductions cost mic
                 v >>= 1
             key |= bits << (7 * i)
     info[5] = key
+    info[6] = largest * row
     sent_at, received_at, lengths, starts = _HEAD, _HEAD + p + 1, _HEAD + 2 * p + 2, \
         _HEAD + 4 * p + 2
     for j in range(p):
@@ -231,6 +241,9 @@ class SharedMemory(Exchange):
                     transfer_s=near.beta * matrix.maxima[0])
 
     def run(self, send: np.ndarray, out: np.ndarray, matrix: Matrix, group: Group) -> None:
+        if matrix.largest >= _PIPELINE_SEGMENT:
+            _exchange_pipelined(send, out, matrix, group)
+            return
         arena = group.arena(int(matrix.info[4]))
         base = arena.head + arena.next_half() * arena.row_bytes
         value = arena.next_value()
@@ -267,6 +280,69 @@ def _copy_out(out, mem, info, rank, chunk, base):
         lo, hi = info[received + k], info[received + k + 1]
         if hi > lo and k != rank:
             copy_bytes(out, lo, mem, k * chunk + base + info[starts + k], hi - lo)
+
+
+_PIECE = 128 << 10  # bytes of one segment a rank copies in per step of the pipeline
+_SLOTS = 4
+_PIPELINE_SEGMENT = _SLOTS * _PIECE
+"""From this largest segment between two ranks, :class:`SharedMemory` goes piece by piece."""
+
+
+def _exchange_pipelined(send: np.ndarray, out: np.ndarray, matrix: Matrix,
+                        group: Group) -> None:
+    """The shared-memory exchange ``_PIECE`` bytes of every segment at a time through
+    ``_SLOTS`` slots of each rank's row, so that the window side of both copies stays in
+    cache instead of every byte going through memory twice."""
+    p = group.size
+    arena = group.arena(_SLOTS * p * _PIECE)
+    steps = -(-matrix.largest // _PIECE)
+    value = arena.reserve(steps, 1, 2)
+    at = arena.head + arena.next_half() * arena.row_bytes
+    state = np.zeros(4, np.int64)
+    while not _pipeline(send, out, arena.mem, arena.words, matrix.info, group.rank,
+                        arena.chunk, at, steps, value, state, arena.spin):
+        arena.wait(int(state[2]), slot=int(state[3]))
+
+
+@numba.njit(cache=True, nogil=True)
+def _pipeline(send, out, mem, words, info, rank, chunk, at, steps, value, state, polls):
+    """Per step ``c``: copy piece ``c`` of every segment this rank sends into its slot
+    ``c % _SLOTS`` (once every rank has read that slot's last use, flag 2), publish flag 1;
+    when every rank's flag 1 says so, copy piece ``c`` of every segment sent to this rank out
+    of the senders' slots and publish flag 2. ``False`` when a flag was not reached within
+    ``polls`` polls: ``state`` holds (step, stage, value, flag) to wait for and go on from."""
+    p = (info.size - _HEAD - 2) // 5
+    sent_at, received_at = _HEAD, _HEAD + p + 1
+    c, stage = state[0], state[1]
+    if c == 0 and stage == 0:
+        lo, hi = info[sent_at + rank], info[sent_at + rank + 1]
+        copy_bytes(out, info[received_at + rank], send, lo, hi - lo)
+    stride = chunk // 8
+    while c < steps:
+        slot = at + (c % _SLOTS) * p * _PIECE
+        if stage == 0:
+            if c >= _SLOTS and not flags_reached(words, stride, p, value + c - _SLOTS,
+                                                 polls, 2):
+                state[0], state[1], state[2], state[3] = c, 0, value + c - _SLOTS, 2
+                return False
+            for j in range(p):
+                lo = info[sent_at + j] + c * _PIECE
+                n = min(info[sent_at + j + 1] - lo, _PIECE)
+                if j != rank and n > 0:
+                    copy_bytes(mem, rank * chunk + slot + j * _PIECE, send, lo, n)
+            publish_flag(words, stride, rank, value + c, 1)
+            stage = 1
+        if not flags_reached(words, stride, p, value + c, polls, 1):
+            state[0], state[1], state[2], state[3] = c, 1, value + c, 1
+            return False
+        for k in range(p):
+            lo = info[received_at + k] + c * _PIECE
+            n = min(info[received_at + k + 1] - lo, _PIECE)
+            if k != rank and n > 0:
+                copy_bytes(out, lo, mem, k * chunk + slot + rank * _PIECE, n)
+        publish_flag(words, stride, rank, value + c, 2)
+        c, stage = c + 1, 0
+    return True
 
 
 class NativeAlltoallv(Exchange):
@@ -343,10 +419,13 @@ def compile_kernels() -> None:
     views), so that the first exchange of a run does not compile them."""
     for counts in (np.ones((1, 1), np.int64), np.ones((2, 3), np.int64)[:, :-1]):
         _describe(counts, 8, 0)
+        _counts_fit(counts[0], 1, 1)
     info = _describe(np.ones((1, 1), np.int64), 8, 0)
     mem, out = np.zeros(128, np.uint8), np.zeros(8, np.uint8)
     _shm_exchange(np.zeros(8, np.uint8), out, mem, mem.view(np.int64), info, 0, 128, 64, 1, 0)
     _copy_out(out, mem, info, 0, 128, 64)
+    _pipeline(np.zeros(8, np.uint8), out, mem, mem.view(np.int64), info, 0, 128, 64, 0, 1,
+              np.zeros(4, np.int64), 0)
 
 
 def exchange_counts(counts: np.ndarray, group: Group, extra: int = 0
@@ -368,24 +447,44 @@ def alltoallv(send: np.ndarray, counts: np.ndarray, *, comm: Group, algorithm: s
               matrix: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Send ``counts[j]`` rows of ``send`` (in rank order) to rank ``j``; returns the rows
     received, in source order, and the count from each source. ``matrix`` is the row-count
-    matrix when the caller already exchanged it (:func:`exchange_counts`)."""
+    matrix when the caller already exchanged it (:func:`exchange_counts`).
+
+    A small exchange is a few microseconds of work, so the Python around it is kept to a
+    handful of calls (one numba check of the counts, one description of the matrix)."""
     group = comm
     send = np.ascontiguousarray(send)
-    listed = counts.tolist() if isinstance(counts, np.ndarray) else list(counts)
-    if len(listed) != group.size or min(listed, default=0) < 0 or sum(listed) != len(send):
-        raise CommError(f"alltoallv: rank {group.rank} passed {len(listed)} counts summing "
-                        f"to {sum(listed)} for {len(send)} rows; need {group.size} "
+    counts = np.asarray(counts, np.int64)
+    if counts.ndim != 1 or not _counts_fit(counts, group.size, len(send)):
+        raise CommError(f"alltoallv: rank {group.rank} passed {counts.size} counts summing "
+                        f"to {counts.sum()} for {len(send)} rows; need {group.size} "
                         f"non-negative counts summing to the rows")
     if matrix is None:
-        matrix = exchange_counts(np.asarray(listed, np.int64), group)[0]
-    row = send.itemsize * math.prod(send.shape[1:])
+        matrix = exchange_counts(counts, group)[0]
+    flat = send.ndim == 1
+    row = send.itemsize if flat else send.itemsize * math.prod(send.shape[1:])
     m = Matrix(matrix, group.rank, row)
     recv = matrix[:, group.rank].copy()
-    out = np.empty((m.received // row if row else int(recv.sum()), *send.shape[1:]),
-                   dtype=send.dtype)
+    rows = m.received // row if row else int(recv.sum())
+    out = np.empty(rows if flat else (rows, *send.shape[1:]), send.dtype)
     if group.size == 1:
         out[:] = send
         return out, recv
     algo = _chosen(m, group, algorithm)
-    algo.run(send.reshape(-1).view(np.uint8), out.reshape(-1).view(np.uint8), m, group)
+    if flat:
+        algo.run(send.view(np.uint8), out.view(np.uint8), m, group)
+    else:
+        algo.run(send.reshape(-1).view(np.uint8), out.reshape(-1).view(np.uint8), m, group)
     return out, recv
+
+
+@numba.njit(cache=True)
+def _counts_fit(counts, ranks, rows):
+    """Whether ``counts`` are ``ranks`` non-negative counts summing to ``rows``."""
+    if counts.size != ranks:
+        return False
+    total = 0
+    for c in counts:
+        if c < 0:
+            return False
+        total += c
+    return total == rows

@@ -10,6 +10,7 @@ from hpctrain.comm import Group, alltoall, alltoallv
 from hpctrain.comm.alltoall import EXCHANGE_NAMES, Matrix, choose_exchange, compile_kernels
 from hpctrain.comm.types import CostParams, Layout
 from hpctrain.config import CommConfig
+from hpctrain.errors import CommError
 
 WORLD = MPI.COMM_WORLD
 
@@ -36,7 +37,8 @@ def rows(src: int, dst: int, n: int, width: int) -> np.ndarray:
 def test_alltoallv_algorithms_match_numpy():
     p, r = WORLD.Get_size(), WORLD.Get_rank()
     compile_kernels()  # as the training warm-up does
-    passes = (alltoall._describe, alltoall._shm_exchange, alltoall._copy_out)
+    passes = (alltoall._describe, alltoall._shm_exchange, alltoall._copy_out,
+              alltoall._pipeline, alltoall._counts_fit)
     compiled = [len(kernel.signatures) for kernel in passes]
     for config in (CommConfig(), CommConfig(check=True)):
         group = Group(WORLD, config)
@@ -55,6 +57,16 @@ def test_alltoallv_algorithms_match_numpy():
             time.sleep(0.05)
         got, _ = alltoallv(send, counts[r], comm=group, algorithm="shm")
         np.testing.assert_array_equal(got, expect)
+        # ... and piece by piece (the skewed matrix's large segment takes 19 steps)
+        skew = count_matrices(p)["skew"]
+        assert Matrix(skew, r, 12).largest >= alltoall._PIPELINE_SEGMENT
+        for late in range(p):
+            if r == late:
+                time.sleep(0.05)
+            send = np.concatenate([rows(r, j, skew[r, j], 3) for j in range(p)])
+            got, _ = alltoallv(send, skew[r], comm=group, algorithm="shm")
+            np.testing.assert_array_equal(
+                got, np.concatenate([rows(i, r, skew[i, r], 3) for i in range(p)]))
         # the warm-up compiled every pass the exchanges ran: none compiles inside a step
         assert [len(kernel.signatures) for kernel in passes] == compiled
         # auto's choice is remembered per size class (every rank sees the same matrices)
@@ -65,6 +77,10 @@ def test_alltoallv_algorithms_match_numpy():
         np.testing.assert_array_equal(
             got, np.concatenate([np.arange(i * 100 + 2 * r, i * 100 + 2 * r + 2)
                                  for i in range(p)]))
+        # counts that do not describe the rows: one line naming the rank, before any message
+        for bad in ([1] * (p - 1), [-1] + [1] * (p - 1), [[1] * p]):
+            with pytest.raises(CommError, match=r"alltoallv: rank \d+ passed"):
+                alltoallv(np.zeros(p, np.float32), np.array(bad), comm=group)
         group.free()
 
 
