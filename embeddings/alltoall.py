@@ -33,19 +33,22 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+import numba
 import numpy as np
 from mpi4py import MPI
 
+from embeddings import worker_sharding
 from embeddings.optim import SparseOptimizer, coalesce
 from embeddings.tables import LocalTables, TableLayout, init_rows
 from embeddings.types import EmbeddingStore, RowSink, RowSource
 from embeddings.worker_sharding import WorkerPlacement, WorkerPlan
 from hpctrain.comm.alltoall import alltoallv, exchange_counts
 from hpctrain.comm.group import Group
+from hpctrain.comm.window import copy_bytes
 from hpctrain.errors import EmbeddingError
 from hpctrain.runtime.topology import shard_range
 
-__all__ = ["ShardedTables", "ColumnTables", "ExchangeStats"]
+__all__ = ["ShardedTables", "ColumnTables", "ExchangeStats", "compile_kernels"]
 
 _ID = 8  # bytes of one id on the wire
 _INIT_BLOCK = 1 << 14
@@ -350,35 +353,25 @@ class ShardedTables(EmbeddingStore):
             return got, np.empty(0, np.int64)
         (_, next_counts, next_slots), next_matrix = ahead
         self._account("id_bytes_sent", _ID, next_counts, train=True)
-        values = np.split(flat.view(np.uint8), np.cumsum(4 * sizes)[:-1])
-        ids = np.split(next_slots.view(np.uint8), np.cumsum(_ID * next_counts)[:-1])
-        send = np.concatenate([part for j in range(p) for part in (values[j], ids[j])])
-        grad_bytes, id_bytes = matrix[:, r] * 4 * self.widths[r], next_matrix[:, r] * _ID
+        send = _interleave(flat.view(np.uint8), 4 * sizes, next_slots.view(np.uint8),
+                           _ID * next_counts)
         got, _ = alltoallv(send, 4 * sizes + _ID * next_counts, comm=self.group,
                            matrix=matrix * 4 * self.widths[None, :] + next_matrix * _ID)
-        starts = np.concatenate(([0], np.cumsum(grad_bytes + id_bytes)))
-        grads_in = [got[a:a + g] for a, g in zip(starts[:-1], grad_bytes, strict=True)]
-        ids_in = [got[a + g:b] for a, g, b in zip(starts[:-1], grad_bytes, starts[1:],
-                                                 strict=True)]
-        return (np.concatenate(grads_in).view(np.float32),
-                np.concatenate(ids_in).view(np.int64))
+        grads_in, ids_in = _deinterleave(got, matrix[:, r] * 4 * self.widths[r],
+                                         next_matrix[:, r] * _ID)
+        return grads_in.view(np.float32), ids_in.view(np.int64)
 
     def _route(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(order that groups ``rows`` by owner, rows per owner, their slots in that order);
         column-wise every row goes to every worker."""
-        p = self.group.size
-        bad = (rows < 0) | (rows >= self.layout.total_rows)
-        if bad.any():  # checked before any message: no owner is asked for a row it lacks
-            row = int(rows[bad][0])
+        order, counts, slots, bad = self.placement.route(rows)
+        if bad >= 0:  # checked before any message: no owner is asked for a row it lacks
+            row = int(rows[bad])
             t = max(0, int(self.layout.table_of(np.array([row]))[0]))
             spec = self.layout.specs[t]
             raise EmbeddingError(f"id {row - int(self.layout.offsets[t])} is outside table "
                                  f"{spec.name!r} of {spec.rows} rows")
-        owner, slot = self.placement.locate(rows)
-        if self.plan.by_columns:
-            return np.arange(len(rows)), np.full(p, len(rows), np.int64), np.tile(slot, p)
-        order = np.argsort(owner, kind="stable")
-        return order, np.bincount(owner, minlength=p).astype(np.int64), slot[order]
+        return order, counts, slots
 
     def _counts(self, counts: np.ndarray, flag: int, train: bool
                 ) -> tuple[np.ndarray, np.ndarray]:
@@ -414,3 +407,44 @@ class ShardedTables(EmbeddingStore):
     def _cols(self, worker: int) -> slice:
         lo, hi = self.plan.columns(worker)
         return slice(lo, hi)
+
+
+@numba.njit(cache=True, nogil=True)
+def _interleave(a, a_sizes, b, b_sizes):
+    """Bytes ``a`` and ``b``, cut into consecutive segments of ``a_sizes`` and ``b_sizes``
+    bytes, as one buffer of ``a``'s segment 0, ``b``'s segment 0, ``a``'s 1, ... (one
+    ``memcpy`` a segment: numba's slice assignment copies a byte at a time)."""
+    out = np.empty(a.size + b.size, np.uint8)
+    at = i = k = 0
+    for j in range(a_sizes.size):
+        copy_bytes(out, at, a, i, a_sizes[j])
+        at, i = at + a_sizes[j], i + a_sizes[j]
+        copy_bytes(out, at, b, k, b_sizes[j])
+        at, k = at + b_sizes[j], k + b_sizes[j]
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _deinterleave(got, a_sizes, b_sizes):
+    """The inverse of :func:`_interleave`: (``a``'s segments, ``b``'s segments)."""
+    a = np.empty(a_sizes.sum(), np.uint8)
+    b = np.empty(b_sizes.sum(), np.uint8)
+    at = i = k = 0
+    for j in range(a_sizes.size):
+        copy_bytes(a, i, got, at, a_sizes[j])
+        at, i = at + a_sizes[j], i + a_sizes[j]
+        copy_bytes(b, k, got, at, b_sizes[j])
+        at, k = at + b_sizes[j], k + b_sizes[j]
+    return a, b
+
+
+def compile_kernels() -> None:
+    """Run the store's numba passes once on a few elements with a step's argument types
+    (placement, grouping by owner, the gradients' and ids' packing)."""
+    one = np.ones(1, np.int64)
+    locate = worker_sharding._locate(one, one - 1, one + 1, one - 1, one, one, one - 1,
+                                     np.zeros((1, 1), np.int64))
+    worker_sharding._group(locate[0], locate[1], 1)
+    sizes = np.ones(1, np.int64)
+    _deinterleave(_interleave(np.zeros(1, np.uint8), sizes, np.zeros(1, np.uint8), sizes),
+                  sizes, sizes)

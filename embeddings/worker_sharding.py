@@ -22,6 +22,7 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
+import numba
 import numpy as np
 
 from embeddings.sharding import bijection, plan_sharding
@@ -138,10 +139,23 @@ class WorkerPlacement:
         meaningless (all hold the row) and the slot is the row."""
         if self.plan.by_columns:
             return np.zeros(len(rows), np.int64), rows
-        t = np.searchsorted(self.offsets, rows, side="right") - 1
-        p = (self.mult[t] * (rows - self.offsets[t]) + self.shift[t]) % self.n[t]
-        owner = self.first[t] + p % self.owners[t]
-        return owner, self.base[owner, t] + p // self.owners[t]
+        owner, slot, _ = self._locate(rows)
+        return owner, slot
+
+    def route(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        """(the order that groups ``rows`` by owner, stable; rows per owner; their slots
+        in that order; the index of the first row outside the tables, or -1), in two numba
+        passes (numpy's placement, sort and count took 100 us for a 1,664-row batch).
+        Column-wise every row goes to every worker."""
+        owner, slot, bad = self._locate(rows)
+        w = self.plan.workers
+        if self.plan.by_columns:  # every worker holds every row (its columns)
+            return np.arange(len(rows)), np.full(w, len(rows), np.int64), np.tile(rows, w), bad
+        return (*_group(owner, slot, w), bad)
+
+    def _locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+        return _locate(rows, self.offsets, self.n, self.first, self.owners, self.mult,
+                       self.shift, self.base)
 
     def rows_of(self, worker: int) -> Callable[[int, int], np.ndarray]:
         """Global rows at slots ``[lo, hi)`` of ``worker`` (the inverse of :meth:`locate`)."""
@@ -164,3 +178,46 @@ class WorkerPlacement:
             return out
 
         return rows
+
+
+@numba.njit(cache=True, nogil=True)
+def _locate(rows, offsets, n, first, owners, mult, shift, base):
+    """:meth:`WorkerPlacement.locate` row by row, and the first row outside the tables
+    (-1 if none; its owner and slot are left 0). A lookup's rows come sorted, so the table
+    is searched for only where the rows cross into another."""
+    owner = np.zeros(rows.size, np.int64)
+    slot = np.zeros(rows.size, np.int64)
+    bad, t, tables = -1, 0, offsets.size
+    for i in range(rows.size):
+        row = rows[i]
+        if row < offsets[t] or (t + 1 < tables and row >= offsets[t + 1]):
+            t = max(0, np.searchsorted(offsets, row, side="right") - 1)  # sorted: rarely
+        if row < 0 or row - offsets[t] >= n[t]:
+            if bad < 0:
+                bad = i
+            continue
+        if owners[t] == 1 and mult[t] == 1 and shift[t] == 0:  # table-wise: no division
+            owner[i], slot[i] = first[t], base[first[t], t] + row - offsets[t]
+            continue
+        p = (mult[t] * (row - offsets[t]) + shift[t]) % n[t]
+        w = first[t] + p % owners[t]
+        owner[i], slot[i] = w, base[w, t] + p // owners[t]
+    return owner, slot, bad
+
+
+@numba.njit(cache=True, nogil=True)
+def _group(owner, slot, workers):
+    """A stable counting sort of the rows by owner: (order, rows per owner, slots)."""
+    counts = np.zeros(workers, np.int64)
+    for w in owner:
+        counts[w] += 1
+    at = np.zeros(workers, np.int64)
+    for w in range(1, workers):
+        at[w] = at[w - 1] + counts[w - 1]
+    order = np.empty(owner.size, np.int64)
+    slots = np.empty(owner.size, np.int64)
+    for i in range(owner.size):
+        w = owner[i]
+        order[at[w]], slots[at[w]] = i, slot[i]
+        at[w] += 1
+    return order, counts, slots

@@ -18,7 +18,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from embeddings import collection, freq, hotcold, hotsum, hottier
+from embeddings import alltoall as sharded
+from embeddings import collection, freq, hotcold, hotsum, hottier, worker_sharding
 from embeddings.optim import SparseOptimizer, coalesce
 from hpctrain.comm import alltoall, kernels
 
@@ -47,6 +48,7 @@ def prepare_kernels(optimizers: Sequence[SparseOptimizer], tiering: bool) -> tup
         for mode in (0, 1, 2):
             kernels.reduce_slice(flat, 4, 2, 0, own, 0, 4, mode, kernels.SUM, kernels.ARITH)
     alltoall.compile_kernels()
+    sharded.compile_kernels()
     if tiering:
         sketch = freq.CountMinSketch(64, 2, seed=0)
         sketch.add(rows, np.ones(3, np.float32))
@@ -72,7 +74,7 @@ def _dispatchers(tiering: bool) -> list:
     from embeddings import optim
 
     found = [getattr(module, name)
-             for module in (optim, kernels, alltoall, collection,
+             for module in (optim, kernels, alltoall, sharded, worker_sharding, collection,
                             *((freq, hotcold, hotsum, hottier) if tiering else ()))
              for name in dir(module)]
     return [d for d in found if hasattr(d, "stats") and hasattr(d.stats, "cache_misses")]

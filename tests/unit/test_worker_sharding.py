@@ -72,3 +72,26 @@ def test_todays_keys_keep_choosing_the_layout():
     assert job.embeddings.layout(job.ps.servers) == "ps"
     job = load_config(overrides=['embeddings.mode="alltoall"', 'embeddings.sharding="column_wise"'])
     assert job.embeddings.layout(job.ps.servers) == "alltoall"
+
+
+@pytest.mark.parametrize("sharding", SHARDINGS)
+@pytest.mark.parametrize("workers", [1, 3, 4])
+def test_routing_groups_rows_by_owner_in_order_and_finds_the_first_bad_row(sharding, workers):
+    layout = TableLayout.from_sizes(SIZES, 8)
+    place = WorkerPlacement(plan_workers(layout.specs, workers, sharding,
+                                         2 if workers % 2 == 0 else workers, seed=3))
+    rows = np.random.default_rng(workers).integers(0, layout.total_rows, 500)  # unsorted
+    order, counts, slots, bad = place.route(rows)
+    assert bad == -1
+    owner, slot = place.locate(rows)
+    if place.plan.by_columns:  # every row to every worker
+        np.testing.assert_array_equal(counts, np.full(workers, len(rows)))
+        np.testing.assert_array_equal(slots, np.tile(rows, workers))
+    else:
+        np.testing.assert_array_equal(order, np.argsort(owner, kind="stable"))
+        np.testing.assert_array_equal(counts, np.bincount(owner, minlength=workers))
+        np.testing.assert_array_equal(slots, slot[order])
+    for outside in (-1, layout.total_rows, layout.total_rows + 9):
+        wrong = rows.copy()
+        wrong[[17, 40]] = outside
+        assert place.route(wrong)[3] == 17
