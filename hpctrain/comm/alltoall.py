@@ -13,9 +13,9 @@ bytes of the whole exchange:
   node's shared scratch window and its own segment straight to its output, one flag
   synchronisation, then every rank copies its segments out of the others' rows: two copies
   per byte that moves, no MPI message, and all of it in one numba call (``memcpy`` and
-  fences, :func:`~hpctrain.comm.window.flags_reached`) unless a rank is late; from
-  ``_PIPELINE_SEGMENT`` bytes between two ranks it goes piece by piece through a few slots
-  (a pair of flags per piece), so the window side of both copies stays in cache;
+  fences, :func:`~hpctrain.comm.window.flags_reached`) unless a rank is late; from a few
+  hundred KiB between two ranks it goes piece by piece through four slots (a pair of flags
+  per piece), so the window side of both copies stays in cache;
 - ``native``: ``MPI_Alltoallv`` itself, the baseline.
 
 Under ``comm.emulate`` the pairwise messages go through the group's
@@ -241,7 +241,7 @@ class SharedMemory(Exchange):
                     transfer_s=near.beta * matrix.maxima[0])
 
     def run(self, send: np.ndarray, out: np.ndarray, matrix: Matrix, group: Group) -> None:
-        if matrix.largest >= _PIPELINE_SEGMENT:
+        if _pipelined(matrix):
             _exchange_pipelined(send, out, matrix, group)
             return
         arena = group.arena(int(matrix.info[4]))
@@ -282,30 +282,43 @@ def _copy_out(out, mem, info, rank, chunk, base):
             copy_bytes(out, lo, mem, k * chunk + base + info[starts + k], hi - lo)
 
 
-_PIECE = 128 << 10  # bytes of one segment a rank copies in per step of the pipeline
+_SLOT_BYTES = 512 << 10  # one slot of a rank's row: a piece of each of its p segments
+_MIN_PIECE = 16 << 10
 _SLOTS = 4
-_PIPELINE_SEGMENT = _SLOTS * _PIECE
-"""From this largest segment between two ranks, :class:`SharedMemory` goes piece by piece."""
+
+
+def _piece(ranks: int) -> int:
+    """Bytes of one segment a rank copies in per step of the pipeline (128 KiB at 4 ranks),
+    so that a rank's slots stay cache-sized however many ranks share the node."""
+    return max(_MIN_PIECE, _SLOT_BYTES // ranks // 64 * 64)
+
+
+def _pipelined(matrix: Matrix) -> bool:
+    """Whether :class:`SharedMemory` goes piece by piece: from ``_SLOTS`` pieces between
+    two ranks."""
+    return matrix.largest >= _SLOTS * _piece(matrix.size)
 
 
 def _exchange_pipelined(send: np.ndarray, out: np.ndarray, matrix: Matrix,
                         group: Group) -> None:
-    """The shared-memory exchange ``_PIECE`` bytes of every segment at a time through
-    ``_SLOTS`` slots of each rank's row, so that the window side of both copies stays in
-    cache instead of every byte going through memory twice."""
+    """The shared-memory exchange a piece of every segment at a time through ``_SLOTS``
+    slots of each rank's row, so that the window side of both copies stays in cache instead
+    of every byte going through memory twice."""
     p = group.size
-    arena = group.arena(_SLOTS * p * _PIECE)
-    steps = -(-matrix.largest // _PIECE)
+    piece = _piece(p)
+    arena = group.arena(_SLOTS * p * piece)
+    steps = -(-matrix.largest // piece)
     value = arena.reserve(steps, 1, 2)
     at = arena.head + arena.next_half() * arena.row_bytes
     state = np.zeros(4, np.int64)
     while not _pipeline(send, out, arena.mem, arena.words, matrix.info, group.rank,
-                        arena.chunk, at, steps, value, state, arena.spin):
+                        arena.chunk, at, piece, steps, value, state, arena.spin):
         arena.wait(int(state[2]), slot=int(state[3]))
 
 
 @numba.njit(cache=True, nogil=True)
-def _pipeline(send, out, mem, words, info, rank, chunk, at, steps, value, state, polls):
+def _pipeline(send, out, mem, words, info, rank, chunk, at, piece, steps, value, state,
+              polls):
     """Per step ``c``: copy piece ``c`` of every segment this rank sends into its slot
     ``c % _SLOTS`` (once every rank has read that slot's last use, flag 2), publish flag 1;
     when every rank's flag 1 says so, copy piece ``c`` of every segment sent to this rank out
@@ -319,27 +332,27 @@ def _pipeline(send, out, mem, words, info, rank, chunk, at, steps, value, state,
         copy_bytes(out, info[received_at + rank], send, lo, hi - lo)
     stride = chunk // 8
     while c < steps:
-        slot = at + (c % _SLOTS) * p * _PIECE
+        slot = at + (c % _SLOTS) * p * piece
         if stage == 0:
             if c >= _SLOTS and not flags_reached(words, stride, p, value + c - _SLOTS,
                                                  polls, 2):
                 state[0], state[1], state[2], state[3] = c, 0, value + c - _SLOTS, 2
                 return False
             for j in range(p):
-                lo = info[sent_at + j] + c * _PIECE
-                n = min(info[sent_at + j + 1] - lo, _PIECE)
+                lo = info[sent_at + j] + c * piece
+                n = min(info[sent_at + j + 1] - lo, piece)
                 if j != rank and n > 0:
-                    copy_bytes(mem, rank * chunk + slot + j * _PIECE, send, lo, n)
+                    copy_bytes(mem, rank * chunk + slot + j * piece, send, lo, n)
             publish_flag(words, stride, rank, value + c, 1)
             stage = 1
         if not flags_reached(words, stride, p, value + c, polls, 1):
             state[0], state[1], state[2], state[3] = c, 1, value + c, 1
             return False
         for k in range(p):
-            lo = info[received_at + k] + c * _PIECE
-            n = min(info[received_at + k + 1] - lo, _PIECE)
+            lo = info[received_at + k] + c * piece
+            n = min(info[received_at + k + 1] - lo, piece)
             if k != rank and n > 0:
-                copy_bytes(out, lo, mem, k * chunk + slot + rank * _PIECE, n)
+                copy_bytes(out, lo, mem, k * chunk + slot + rank * piece, n)
         publish_flag(words, stride, rank, value + c, 2)
         c, stage = c + 1, 0
     return True
@@ -424,7 +437,7 @@ def compile_kernels() -> None:
     mem, out = np.zeros(128, np.uint8), np.zeros(8, np.uint8)
     _shm_exchange(np.zeros(8, np.uint8), out, mem, mem.view(np.int64), info, 0, 128, 64, 1, 0)
     _copy_out(out, mem, info, 0, 128, 64)
-    _pipeline(np.zeros(8, np.uint8), out, mem, mem.view(np.int64), info, 0, 128, 64, 0, 1,
+    _pipeline(np.zeros(8, np.uint8), out, mem, mem.view(np.int64), info, 0, 128, 64, 8, 0, 1,
               np.zeros(4, np.int64), 0)
 
 

@@ -57,9 +57,9 @@ def test_alltoallv_algorithms_match_numpy():
             time.sleep(0.05)
         got, _ = alltoallv(send, counts[r], comm=group, algorithm="shm")
         np.testing.assert_array_equal(got, expect)
-        # ... and piece by piece (the skewed matrix's large segment takes 19 steps)
+        # ... and piece by piece (the skewed matrix's large segment takes 10-19 steps)
         skew = count_matrices(p)["skew"]
-        assert Matrix(skew, r, 12).largest >= alltoall._PIPELINE_SEGMENT
+        assert alltoall._pipelined(Matrix(skew, r, 12))
         for late in range(p):
             if r == late:
                 time.sleep(0.05)
