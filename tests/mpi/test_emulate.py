@@ -30,6 +30,11 @@ EMULATE = f"{LATENCY_S * 1e6:g},{GBPS:g}"
 BANDWIDTH = GBPS * 1e9 / 8
 NBYTES = 2_000_000
 REPEATS = 5
+CROWDED = 1.3
+"""Upper bound of the ratio over three ranks on this 2-core machine: every emulated wait ends
+in a wake-up that competes for a core, measured 1.11-1.19 (fastest rounds) on a busy VM
+where two ranks stay within 1.1. Still below what one more round of the pairwise
+exchange would add (1.36), and a missing delay reads far under 0.9."""
 
 
 def delay(nbytes: float) -> float:
@@ -49,8 +54,10 @@ def times(run, repeats: int = REPEATS) -> list[float]:
 
 
 def extra_time(emulated, plain) -> float:
-    """Median round of ``emulated()`` less the fastest of ``plain()``."""
-    return float(np.median(times(emulated))) - min(times(plain))
+    """The fastest round of ``emulated()`` less the fastest of ``plain()``: the emulated
+    delay is a sleep, so no round can beat it, and on a busy machine (3 ranks on 2 cores)
+    the other rounds lose a time slice now and then (medians 14-30% over the delay)."""
+    return min(times(emulated)) - min(times(plain))
 
 
 def ratio(measured_extra: float, expected: float) -> float:
@@ -134,7 +141,7 @@ def test_ranks_on_one_emulated_node_are_not_delayed_and_three_nodes_are():
 
     extra = extra_time(lambda: run(three), lambda: run(plain))
     expected = 4 * delay(data.nbytes / 3)
-    assert 0.9 <= ratio(extra, expected) <= 1.1, (extra, expected)
+    assert 0.9 <= ratio(extra, expected) <= CROWDED, (extra, expected)
 
     # All-to-all, each rank sending m bytes to each other rank: the counts' MPI_Allgather
     # by the model (ceil(log2 3) = 2 latencies, 96 bytes), then the pairwise exchange's 2
@@ -151,7 +158,7 @@ def test_ranks_on_one_emulated_node_are_not_delayed_and_three_nodes_are():
             got, _ = alltoallv(send, counts, comm=group, algorithm=algorithm)
             np.testing.assert_array_equal(got, np.repeat(np.arange(3, dtype=np.uint8), m))
         extra = extra_time(lambda: exchange(three), lambda: exchange(plain))
-        assert 0.9 <= ratio(extra, expected) <= 1.1, (algorithm, extra, expected)
+        assert 0.9 <= ratio(extra, expected) <= CROWDED, (algorithm, extra, expected)
     for group in (plain, three):
         group.free()
 
