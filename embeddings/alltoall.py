@@ -409,33 +409,35 @@ class ShardedTables(EmbeddingStore):
         return slice(lo, hi)
 
 
-@numba.njit(cache=True, nogil=True)
 def _interleave(a, a_sizes, b, b_sizes):
     """Bytes ``a`` and ``b``, cut into consecutive segments of ``a_sizes`` and ``b_sizes``
-    bytes, as one buffer of ``a``'s segment 0, ``b``'s segment 0, ``a``'s 1, ... (one
-    ``memcpy`` a segment: numba's slice assignment copies a byte at a time)."""
-    out = np.empty(a.size + b.size, np.uint8)
-    at = i = k = 0
-    for j in range(a_sizes.size):
-        copy_bytes(out, at, a, i, a_sizes[j])
-        at, i = at + a_sizes[j], i + a_sizes[j]
-        copy_bytes(out, at, b, k, b_sizes[j])
-        at, k = at + b_sizes[j], k + b_sizes[j]
-    return out
+    bytes, as one buffer of ``a``'s segment 0, ``b``'s segment 0, ``a``'s 1, ..."""
+    whole = np.empty(a.size + b.size, np.uint8)
+    _weave(whole, a, a_sizes, b, b_sizes, True)
+    return whole
+
+
+def _deinterleave(whole, a_sizes, b_sizes):
+    """The inverse of :func:`_interleave`: (``a``'s segments, ``b``'s segments)."""
+    a, b = np.empty(a_sizes.sum(), np.uint8), np.empty(b_sizes.sum(), np.uint8)
+    _weave(whole, a, a_sizes, b, b_sizes, False)
+    return a, b
 
 
 @numba.njit(cache=True, nogil=True)
-def _deinterleave(got, a_sizes, b_sizes):
-    """The inverse of :func:`_interleave`: (``a``'s segments, ``b``'s segments)."""
-    a = np.empty(a_sizes.sum(), np.uint8)
-    b = np.empty(b_sizes.sum(), np.uint8)
+def _weave(whole, a, a_sizes, b, b_sizes, pack):
+    """Copy between ``whole`` and the segments of ``a`` and ``b`` that alternate in it, into
+    ``whole`` when ``pack`` (one ``memcpy`` a segment: numba's slice assignment copies a byte
+    at a time)."""
     at = i = k = 0
     for j in range(a_sizes.size):
-        copy_bytes(a, i, got, at, a_sizes[j])
-        at, i = at + a_sizes[j], i + a_sizes[j]
-        copy_bytes(b, k, got, at, b_sizes[j])
-        at, k = at + b_sizes[j], k + b_sizes[j]
-    return a, b
+        for part, start, n in ((a, i, a_sizes[j]), (b, k, b_sizes[j])):
+            if pack:
+                copy_bytes(whole, at, part, start, n)
+            else:
+                copy_bytes(part, start, whole, at, n)
+            at += n
+        i, k = i + a_sizes[j], k + b_sizes[j]
 
 
 def compile_kernels() -> None:

@@ -310,10 +310,11 @@ def _exchange_pipelined(send: np.ndarray, out: np.ndarray, matrix: Matrix,
     steps = -(-matrix.largest // piece)
     value = arena.reserve(steps, 1, 2)
     at = arena.head + arena.next_half() * arena.row_bytes
-    state = np.zeros(4, np.int64)
+    state = np.zeros(2, np.int64)
     while not _pipeline(send, out, arena.mem, arena.words, matrix.info, group.rank,
                         arena.chunk, at, piece, steps, value, state, arena.spin):
-        arena.wait(int(state[2]), slot=int(state[3]))
+        step, stage = int(state[0]), int(state[1])  # stage 0 waits on flag 2, 1 on flag 1
+        arena.wait(value + step - (_SLOTS if stage == 0 else 0), slot=2 - stage)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -323,7 +324,7 @@ def _pipeline(send, out, mem, words, info, rank, chunk, at, piece, steps, value,
     ``c % _SLOTS`` (once every rank has read that slot's last use, flag 2), publish flag 1;
     when every rank's flag 1 says so, copy piece ``c`` of every segment sent to this rank out
     of the senders' slots and publish flag 2. ``False`` when a flag was not reached within
-    ``polls`` polls: ``state`` holds (step, stage, value, flag) to wait for and go on from."""
+    ``polls`` polls: ``state`` holds the (step, stage) to wait in and go on from."""
     p = (info.size - _HEAD - 2) // 5
     sent_at, received_at = _HEAD, _HEAD + p + 1
     c, stage = state[0], state[1]
@@ -336,7 +337,7 @@ def _pipeline(send, out, mem, words, info, rank, chunk, at, piece, steps, value,
         if stage == 0:
             if c >= _SLOTS and not flags_reached(words, stride, p, value + c - _SLOTS,
                                                  polls, 2):
-                state[0], state[1], state[2], state[3] = c, 0, value + c - _SLOTS, 2
+                state[0], state[1] = c, 0
                 return False
             for j in range(p):
                 lo = info[sent_at + j] + c * piece
@@ -346,7 +347,7 @@ def _pipeline(send, out, mem, words, info, rank, chunk, at, piece, steps, value,
             publish_flag(words, stride, rank, value + c, 1)
             stage = 1
         if not flags_reached(words, stride, p, value + c, polls, 1):
-            state[0], state[1], state[2], state[3] = c, 1, value + c, 1
+            state[0], state[1] = c, 1
             return False
         for k in range(p):
             lo = info[received_at + k] + c * piece
@@ -438,7 +439,7 @@ def compile_kernels() -> None:
     _shm_exchange(np.zeros(8, np.uint8), out, mem, mem.view(np.int64), info, 0, 128, 64, 1, 0)
     _copy_out(out, mem, info, 0, 128, 64)
     _pipeline(np.zeros(8, np.uint8), out, mem, mem.view(np.int64), info, 0, 128, 64, 8, 0, 1,
-              np.zeros(4, np.int64), 0)
+              np.zeros(2, np.int64), 0)
 
 
 def exchange_counts(counts: np.ndarray, group: Group, extra: int = 0
