@@ -171,16 +171,22 @@ def _merge_runs(rows, grads, starts):  # pragma: no cover - compiled
 
 
 def coalesce(rows: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted unique ``rows`` and the sum of each one's gradient rows (stable order)."""
-    if rows.dtype != np.int64 or not rows.flags.c_contiguous:
+    """Sorted unique ``rows`` and the sum of each one's gradient rows (stable order), as
+    contiguous arrays. Strided inputs (the views of
+    :func:`~embeddings.tables.unpack_rows`) are read in place when there is work to do."""
+    if rows.dtype != np.int64:
         # not asarray on every call: it wraps numba's arrays (a dtype instance of their own)
         # in a new view, and the hot tier finds the rows it located by the array itself
-        rows = np.ascontiguousarray(rows, dtype=np.int64)
-    grads = np.ascontiguousarray(grads, dtype=np.float32)
+        rows = rows.astype(np.int64)
+    if grads.dtype != np.float32:
+        grads = grads.astype(np.float32)
     if rows.shape[0] != grads.shape[0]:
         raise ValueError(f"{rows.shape[0]} rows but {grads.shape[0]} gradient rows")
     if rows.shape[0] < 2 or bool(np.all(rows[1:] > rows[:-1])):
-        return rows, grads  # already sorted and unique (one lookup's rows)
+        # already sorted and unique (one lookup's rows)
+        if not rows.flags.c_contiguous:
+            rows = np.ascontiguousarray(rows)
+        return rows, np.ascontiguousarray(grads)
     return _coalesce(rows, grads)
 
 

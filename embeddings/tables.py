@@ -76,9 +76,10 @@ def pack_rows(rows: np.ndarray, grads: np.ndarray) -> np.ndarray:
 
 
 def unpack_rows(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The row ids and gradients of lines made by :func:`pack_rows`."""
-    return (np.ascontiguousarray(packed[:, :2]).view(np.int64).reshape(-1),
-            np.ascontiguousarray(packed[:, 2:]).view(np.float32))
+    """The row ids and gradients of lines made by :func:`pack_rows`, as strided views into
+    ``packed`` (:func:`~embeddings.optim.coalesce` reads them in place: copying them out
+    cost numpy's strided loops more than the coalescing itself)."""
+    return packed[:, :2].view(np.int64)[:, 0], packed[:, 2:].view(np.float32)
 
 
 class LocalTables(BackingStore):

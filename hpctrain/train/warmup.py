@@ -21,6 +21,7 @@ import numpy as np
 from embeddings import alltoall as sharded
 from embeddings import collection, freq, hotcold, hotsum, hottier, worker_sharding
 from embeddings.optim import SparseOptimizer, coalesce
+from embeddings.tables import pack_rows, unpack_rows
 from hpctrain.comm import alltoall, kernels
 
 __all__ = ["prepare_kernels"]
@@ -39,6 +40,7 @@ def prepare_kernels(optimizers: Sequence[SparseOptimizer], tiering: bool) -> tup
     rows, grads = np.array([2, 0, 2], np.int64), np.ones((3, 4), np.float32)
     collection.unique_rows(rows)
     unique, summed = coalesce(rows, grads)
+    coalesce(*unpack_rows(pack_rows(rows, grads)))  # strided views of gathered lines
     for sparse in optimizers:
         weight = np.zeros((3, 4), np.float32)
         sparse.apply(weight, sparse.new_state(3, 4), unique, summed, 0.1)

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from embeddings.collection import EmbeddingCollection, sorted_unique, unique_rows
 from embeddings.optim import SparseOptimizer, coalesce
-from embeddings.tables import LocalTables, TableLayout, init_rows
+from embeddings.tables import LocalTables, TableLayout, init_rows, pack_rows, unpack_rows
 from hpctrain.errors import EmbeddingError
 
 LAYOUT = TableLayout.from_sizes([7, 100, 3], dim=4)
@@ -54,12 +54,15 @@ def test_coalesce_of_sorted_runs_is_the_stable_sums(parts, seed):
     bits as summing them one by one)."""
     rows = np.concatenate([np.array(sorted(p), np.int64) for p in parts])
     grads = np.random.default_rng(seed).normal(size=(len(rows), 3)).astype(np.float32)
-    uniq, summed = coalesce(rows, grads)
-    np.testing.assert_array_equal(uniq, np.unique(rows))
-    expected = np.zeros((len(uniq), 3), np.float32)
-    for row, grad in zip(np.searchsorted(uniq, rows), grads, strict=True):
+    expected_rows = np.unique(rows)
+    expected = np.zeros((len(expected_rows), 3), np.float32)
+    for row, grad in zip(np.searchsorted(expected_rows, rows), grads, strict=True):
         expected[row] += grad
-    np.testing.assert_array_equal(summed, expected)
+    # as given, and read in place from the lines of a gathered push (strided views)
+    for uniq, summed in (coalesce(rows, grads), coalesce(*unpack_rows(pack_rows(rows, grads)))):
+        assert uniq.flags.c_contiguous and summed.flags.c_contiguous
+        np.testing.assert_array_equal(uniq, expected_rows)
+        np.testing.assert_array_equal(summed, expected)
 
 
 def test_coalesce_sums_duplicates():
