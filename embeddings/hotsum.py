@@ -64,26 +64,19 @@ class HotRider:
         ``out`` (host memory, zeros)."""
         if not lookups:
             return
-        rows = lookup_rows(lookups)
-        grads = np.concatenate([lk.grads() for lk in lookups])
-        if not np.isfinite(grads).all():
-            return
+        # rows made unique first (one lookup's already are), so their slots are unique
+        rows, grads = coalesce(lookup_rows(lookups),
+                               np.concatenate([lk.grads() for lk in lookups]))
         hot, slots = self.hot.locate(rows)
-        slots, grads = coalesce(slots[hot], grads[hot])
         flat = out.numpy()
         if not self.records:
-            block = flat.reshape(-1, self.width)
-            block[slots, : self.dim] = grads
-            block[slots, self.dim] = 1.0
+            _write(flat, 0, hot, slots, grads, False)
             return
-        if len(slots) > self.max_rows:
-            raise ValueError(f"{len(slots)} hot rows in one step, more than the "
+        count = int(np.count_nonzero(hot))
+        if count > self.max_rows:
+            raise ValueError(f"{count} hot rows in one step, more than the "
                              f"{self.max_rows} the segment was sized for")
-        region = flat[self.rank * self.region: (self.rank + 1) * self.region]
-        region[0] = len(slots)
-        lines = region[1: 1 + len(slots) * self.width].reshape(-1, self.width)
-        lines[:, 0] = slots
-        lines[:, 1:] = grads
+        _write(flat, self.rank * self.region, hot, slots, grads, True)
 
     def apply(self, summed: torch.Tensor, lr: float, scale: float) -> None:
         """Apply every worker's gradients, read from the reduced segment ``summed`` and
@@ -105,6 +98,35 @@ class HotRider:
     def segment_bytes(self) -> int:
         """Bytes of the segment each worker hands to the reduction."""
         return 4 * self.size
+
+
+@numba.njit(cache=True, nogil=True)
+def _write(flat, at, hot, slots, grads, records):  # pragma: no cover - compiled
+    """The ``hot`` rows' gradients into ``flat``: as records (count, then ``(slot,
+    gradient)`` lines) from ``at``, or each on its slot's line with a touched count of 1.
+    Nothing is written if any gradient, hot or cold, is not finite (the worker's share of
+    the step is dropped)."""
+    n, dim = grads.shape
+    for i in range(n):
+        for k in range(dim):
+            if not np.isfinite(grads[i, k]):
+                return
+    width = dim + 1
+    line = at + 1
+    for i in range(n):
+        if not hot[i]:
+            continue
+        if records:
+            flat[line] = slots[i]
+            base = line + 1
+            line += width
+        else:
+            base = slots[i] * width
+            flat[base + dim] = 1.0
+        for k in range(dim):
+            flat[base + k] = grads[i, k]
+    if records:
+        flat[at] = (line - at - 1) // width
 
 
 @numba.njit(cache=True, nogil=True)

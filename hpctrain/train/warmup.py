@@ -3,7 +3,7 @@
 On a machine's first run numba compiles the lookups' unique rows, the sparse optimizers, the
 gradient coalescing, the reduction kernels, the all-to-all's passes and copies (and its
 store's placement and packing), the frequency sketch, the hot-set planner's passes, the hot
-tier's re-tiering copy and the hot-gradient records' sum (``cache=True``: later runs load
+tier's re-tiering copy, the hot gradients' segment writing and records' sum (``cache=True``: later runs load
 them from ``__pycache__``); compiling inside the first step left the progress bar at step 1
 for seconds with no word why. :func:`prepare_kernels` runs each kernel once on a few
 elements, through the same entry points and argument types as the step, and says on rank 0
@@ -61,6 +61,9 @@ def prepare_kernels(optimizers: Sequence[SparseOptimizer], tiering: bool) -> tup
         freq.LookupTotals(4, 16).add(unique, np.ones(2, np.float32))
         records = np.array([1, 0, 1, 2], np.float32)  # one worker's region: 1 record
         hotsum._sum_records(records, 1, 4, 3, np.full(2, -1, np.int32), np.float32(1))
+        hot, slots = np.array([True, False]), np.array([1, 0])
+        hot.flags.writeable = slots.flags.writeable = False  # as the hot tier hands them
+        hotsum._write(records, 0, hot, slots, np.ones((2, 2), np.float32), True)
     seconds = time.perf_counter() - start
     compiled = sum(sum(d.stats.cache_misses.values()) for d in dispatchers) - misses
     if compiled:
