@@ -1,11 +1,12 @@
 """The numba kernels a training step runs, made ready before the first step, with a log line.
 
 On a machine's first run numba compiles the lookups' unique rows, the sparse optimizers, the
-gradient coalescing, the reduction kernels, the all-to-all's passes and copies (and its
-store's placement and packing), the frequency sketch, the hot-set planner's passes, the hot
-tier's re-tiering copy, the hot gradients' segment writing and records' sum (``cache=True``: later runs load
-them from ``__pycache__``); compiling inside the first step left the progress bar at step 1
-for seconds with no word why. :func:`prepare_kernels` runs each kernel once on a few
+gradient coalescing (of contiguous arrays and of a gathered push's strided views), the
+reduction kernels, the all-to-all's passes and copies (and its store's placement and
+packing), the frequency sketch, the hot-set planner's passes, the hot tier's re-tiering
+copy, and the hot gradients' segment writing and records' sum (``cache=True``: later runs
+load them from ``__pycache__``); compiling inside the first step left the progress bar at
+step 1 for seconds with no word why. :func:`prepare_kernels` runs each kernel once on a few
 elements, through the same entry points and argument types as the step, and says on rank 0
 how long that took and whether the kernels were compiled or loaded from numba's cache.
 """
