@@ -56,7 +56,7 @@ def prepare_kernels(optimizers: Sequence[SparseOptimizer], tiering: bool) -> tup
         sketch = freq.CountMinSketch(64, 2, seed=0)
         sketch.add(rows, np.ones(3, np.float32))
         planner = hotcold.HotSetPlanner(freq.FrequencyTracker([4], 8, 4, 1), 1)
-        planner.record(unique, np.ones(2, np.float32), np.zeros(2, np.int64))
+        planner.record(*hotcold.merge_seen(rows, np.ones(3, np.float32), np.zeros(3, np.int64)))
         planner.plan()
         hottier._reslot(unique, np.arange(2), unique, 2)
         freq.LookupTotals(4, 16).add(unique, np.ones(2, np.float32))

@@ -131,6 +131,24 @@ def test_merge_seen_sums_counts_and_keeps_the_latest_step():
     np.testing.assert_array_equal(rows, [3, 7, 9])
     np.testing.assert_array_equal(counts, [2, 4, 4])
     np.testing.assert_array_equal(last, [1, 5, 8])
+    empty = merge_seen(np.empty(0, np.int64), np.empty(0, np.float32), np.empty(0, np.int64))
+    assert [len(a) for a in empty] == [0, 0, 0]
+
+
+@settings(max_examples=60, deadline=None)  # the first example may compile the kernel
+@given(st.lists(st.tuples(st.integers(0, 1 << 23), st.integers(1, 9), st.integers(0, 99)),
+                max_size=60))
+def test_merge_seen_matches_a_numpy_reference(entries):
+    rows = np.array([r for r, _, _ in entries], np.int64)
+    counts = np.array([c for _, c, _ in entries], np.float32)
+    last = np.array([s for _, _, s in entries], np.int64)
+    got = merge_seen(rows, counts, last)
+    unique, inverse = np.unique(rows, return_inverse=True)
+    np.testing.assert_array_equal(got[0], unique)
+    np.testing.assert_array_equal(got[1], np.bincount(inverse, counts, len(unique)))
+    latest = np.full(len(unique), -1, np.int64)
+    np.maximum.at(latest, inverse, last)
+    np.testing.assert_array_equal(got[2], latest)
 
 
 @settings(max_examples=80, deadline=None)
