@@ -28,6 +28,9 @@ from hpctrain.runtime import rng
 __all__ = ["SyntheticClicks"]
 
 _FIELDS = 64  # hash keys reserved per sample: 2 per dense feature, 1 per table, 1 for the label
+# Tables of at most this many rows in all keep every row's label effect (8 bytes a row),
+# drawn once, instead of drawing each sample's afresh (a third of a batch's time).
+_CACHED_EFFECTS = 1 << 20
 _SPLIT_BASE = {"train": 0, "eval": 1 << 44}
 _BIAS = -1.3
 
@@ -52,6 +55,11 @@ class SyntheticClicks(Dataset):
         self._table_scale = 0.3 + 0.5 * rng.uniform(t_keys, self.seed + 11)
         self._dense_weight = 0.6 * rng.normal(np.arange(NUM_DENSE), self.seed + 13)
         self._dense_mu = 1.0 + 2.0 * rng.uniform(np.arange(NUM_DENSE), self.seed + 17)
+        self._effects: np.ndarray | None = None  # every table's rows, one after another
+        self._first = np.concatenate([[0], np.cumsum(n)[:-1]]).astype(np.int64)
+        if n.sum() <= _CACHED_EFFECTS:  # drawn as ``_row_effect`` draws them
+            self._effects = np.concatenate([self._draw_effects(t, np.arange(k, dtype=np.int64))
+                                            for t, k in enumerate(n)])
 
     def num_samples(self, split: str) -> int:
         return self._sizes[_check_split(split)]
@@ -97,9 +105,15 @@ class SyntheticClicks(Dataset):
         return (k * self._mult + self._shift) % self._n
 
     def _row_effect(self, sparse: np.ndarray) -> np.ndarray:
-        t = np.arange(sparse.shape[1], dtype=np.uint64)
-        keys = (t << np.uint64(40)) + sparse.astype(np.uint64)
-        return rng.normal(keys, self.seed + 19) * self._table_scale
+        """Each id's effect on the label logit: a standard normal per (table, row), times
+        the table's scale."""
+        if self._effects is not None:
+            return self._effects[sparse + self._first]
+        return self._draw_effects(np.arange(sparse.shape[1]), sparse)
+
+    def _draw_effects(self, table: int | np.ndarray, ids: np.ndarray) -> np.ndarray:
+        keys = (np.asarray(table, dtype=np.uint64) << np.uint64(40)) + ids.astype(np.uint64)
+        return rng.normal(keys, self.seed + 19) * self._table_scale[table]
 
 
 def _check_split(split: str) -> str:

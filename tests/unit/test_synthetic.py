@@ -50,3 +50,16 @@ def test_ids_follow_a_power_law():
 def test_sparse_alone_equals_the_ids_of_read():
     data = make()
     np.testing.assert_array_equal(data.sparse("eval", 10, 400), data.read("eval", 10, 400).sparse)
+
+
+def test_cached_row_effects_are_the_drawn_ones_bit_for_bit(monkeypatch):
+    """Small tables keep every row's label effect, drawn once; the labels must be those
+    of the generator that draws each sample's effects afresh."""
+    cached = make()
+    monkeypatch.setattr("hpctrain.data.synthetic._CACHED_EFFECTS", 0)
+    drawn = make()
+    assert cached._effects is not None and drawn._effects is None
+    for split, start, stop in (("train", 0, 3000), ("eval", 17, 1500)):
+        a, b = cached.read(split, start, stop), drawn.read(split, start, stop)
+        np.testing.assert_array_equal(a.labels, b.labels)
+        np.testing.assert_array_equal(cached._row_effect(a.sparse), drawn._row_effect(b.sparse))
