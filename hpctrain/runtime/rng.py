@@ -20,18 +20,12 @@ _S27, _S30, _S31, _S11 = np.uint64(27), np.uint64(30), np.uint64(31), np.uint64(
 
 def mix64(keys: np.ndarray, seed: int) -> np.ndarray:
     """SplitMix64 finaliser of ``keys ^ seed'`` (uint64 in, uint64 out, well mixed)."""
-    keys = np.ascontiguousarray(keys, dtype=np.uint64)
-    out = np.empty(keys.shape, np.uint64)
-    _mix64_all(keys.reshape(-1), _salt(seed), out.reshape(-1))
-    return out
+    return _each_key(_mix64_all, keys, seed, np.uint64)
 
 
 def uniform(keys: np.ndarray, seed: int) -> np.ndarray:
     """Uniform float64 in the open interval (0, 1), one per key."""
-    keys = np.ascontiguousarray(keys, dtype=np.uint64)
-    out = np.empty(keys.shape, np.float64)
-    _uniform_all(keys.reshape(-1), _salt(seed), out.reshape(-1))
-    return out
+    return _each_key(_uniform_all, keys, seed, np.float64)
 
 
 def normal(keys: np.ndarray, seed: int) -> np.ndarray:
@@ -42,8 +36,12 @@ def normal(keys: np.ndarray, seed: int) -> np.ndarray:
     return np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
 
 
-def _salt(seed: int) -> np.uint64:
-    return np.uint64(int(seed) * 0xD1B54A32D192ED03 % 2**64)
+def _each_key(kernel, keys: np.ndarray, seed: int, dtype: type) -> np.ndarray:
+    """``kernel``'s value of every key (any shape), salted by ``seed``."""
+    keys = np.ascontiguousarray(keys, dtype=np.uint64)
+    out = np.empty(keys.shape, dtype)
+    kernel(keys.reshape(-1), np.uint64(int(seed) * 0xD1B54A32D192ED03 % 2**64), out.reshape(-1))
+    return out
 
 
 # One numba pass per array: numpy's chain of whole-array uint64 operations (a temporary
