@@ -236,7 +236,12 @@ def _tiered(config: JobConfig, topo: Topology, layout: TableLayout, client: PSCl
     step's statistics as ``hot`` (its own slot set, the others zero), so the push saves a
     collective."""
     tc = config.tiering
-    row = hot_row_bytes(layout.dim, sparse.state_width(layout.dim))
+    bounds = [m.bound for m in models or [] if m.bound is not None]
+    staleness = 0 if carry_rows else (min(bounds) if bounds else (None if models else 0))
+    # (None: all ASP)
+    # a row under a staleness bound above 0 also costs the base copy, the accumulated
+    # gradient and a flag: a byte budget counts them
+    row = hot_row_bytes(layout.dim, sparse.state_width(layout.dim), staleness != 0)
     capacity = hot_capacity(tc.budget, tc.budget_unit, layout.total_rows, row)
     if capacity == 0:
         if tc.budget > 0:
@@ -245,10 +250,8 @@ def _tiered(config: JobConfig, topo: Topology, layout: TableLayout, client: PSCl
         return None
     log.info("hot tier: %d of %d rows (%.1f MB per worker), %s", capacity,
              layout.total_rows, capacity * row / 2**20, tc.policy)
-    bounds = [m.bound for m in models or [] if m.bound is not None]
-    staleness = min(bounds) if bounds else (None if models else 0)  # None: all ASP
     tiered = TieredStore(layout, client, group, sparse, tc, capacity, topo.device,
-                         staleness=0 if carry_rows else staleness, carry_rows=carry_rows)
+                         staleness=staleness, carry_rows=carry_rows)
     if carry_rows:
         log.info("hot gradients ride in the dense gradient reduction (%.1f MB per worker)",
                  tiered.rider.segment_bytes() / 2**20)

@@ -233,3 +233,21 @@ def test_tiered_job_trains_and_bench_tiering_reports(tmp_path):
     # the run ends (4000 rows of 16 values and a state word) are traffic of no step; what
     # moves is the final evaluation's reads of cold rows
     assert row["move_bytes_per_step"] * 12 < 0.5 * 4000 * 17 * 4
+
+
+def test_a_byte_budget_under_ssp_counts_the_delayed_rows_extra_bytes(tmp_path):
+    """Under a staleness bound above 0 a hot row also costs its base copy, accumulated
+    gradient and flag (``hot_row_bytes(..., delayed=True)``): a budget in bytes holds
+    that many fewer rows, so the tier stays within it. (A 16-bit wire keeps the hot sums
+    out of the dense buckets, so the hot rows take SSP's bound.)"""
+    budget = 20_000
+    result = run_mpi([*HPCTRAIN, "train", "--set", "ps.servers=1", "--set",
+                      "sync.model='ssp:2'", "--set", "comm.wire_dtype='bf16'", "--set",
+                      f"tiering.budget={budget}", "--set",
+                      "tiering.budget_unit='bytes'", "--set", "train.steps=12", "--set",
+                      "data.train_samples=20000", "--set", "data.eval_samples=1000", "--set",
+                      "train.progress=false", "--set", "checkpoint.at_end=false", "--set",
+                      f"train.run_dir={str(tmp_path)!r}"], ranks=3, timeout=150)
+    assert result.returncode == 0, result.stdout
+    for worker in json.loads((tmp_path / "summary.json").read_text())["tiering"]:
+        assert 0 < worker["resident_bytes"] <= worker["budget_bytes"] <= budget, worker
