@@ -49,6 +49,7 @@ class Cadence:
         self.config = config
         self.last = time.monotonic()
         self.write_s: float | None = None
+        self._asked = False  # a time-based checkpoint was asked for and is not written yet
 
     @property
     def enabled(self) -> bool:
@@ -73,11 +74,17 @@ class Cadence:
         return (final and c.at_end) or bool(c.every_steps and done % c.every_steps == 0)
 
     def time_due(self) -> bool:
-        """Whether the time since the last checkpoint has reached the interval."""
+        """Whether the time since the last checkpoint has reached the interval, said once
+        until the next checkpoint: the workers agree on it ``lag`` steps later, and the
+        steps in between must not ask for more checkpoints."""
         interval = self.interval_s()
-        return interval is not None and time.monotonic() - self.last >= interval
+        if self._asked or interval is None or time.monotonic() - self.last < interval:
+            return False
+        self._asked = True
+        return True
 
     def saved(self, seconds: float) -> None:
+        self._asked = False
         self.last = time.monotonic()
         self.write_s = seconds
         if self.config.mtbf_hours:

@@ -173,3 +173,22 @@ def test_checkpoints_are_on_by_default():
     assert not cadence.time_due()
     cadence.last -= 1800.0
     assert cadence.time_due()
+
+
+def test_a_time_based_checkpoint_is_asked_for_once_however_late_the_agreement(monkeypatch):
+    """The workers agree on a due checkpoint ``lag`` steps later (with parameter servers the
+    staleness bound + 2): the steps in between must not ask again, or each would write one
+    more checkpoint. One step is a second here, the interval 7.5 s, the agreement 3 steps
+    late: due after step 8, written after step 11, due again after 19."""
+    now = [0.0]
+    monkeypatch.setattr(checkpointing.time, "monotonic", lambda: now[0])
+    cadence = checkpointing.Cadence(load_config(overrides=["checkpoint.every_minutes=0.125",
+                                                           "checkpoint.at_end=false"]).checkpoint)
+    in_flight, saved_at = [], []
+    for step in range(1, 40):
+        now[0] = float(step)
+        in_flight.append(cadence.time_due())
+        if len(in_flight) > 3 and in_flight.pop(0):
+            saved_at.append(step)
+            cadence.saved(0.1)
+    assert saved_at == [11, 22, 33]
