@@ -55,23 +55,32 @@ def default_run_dir(env: dict[str, str] | None = None) -> str:
 
 
 def claim(path: str, resume: bool) -> None:
-    """Check that a new run may use ``path`` (world rank 0, before anything is written):
-    unless resuming, a directory holding another run's files is refused (``ConfigError``,
-    nothing changed)."""
+    """Check that a new run may use ``path`` and create it (world rank 0, before anything is
+    written): unless resuming, a directory holding another run's files is refused, and so
+    is a path that cannot be made a directory (``ConfigError``, nothing changed)."""
     folder = Path(path)
-    if resume or not folder.is_dir():
-        return
-    found = [name for name in RUN_FILES if (folder / name).exists()]
-    if found:
-        raise ConfigError(f"train.run_dir = {path!r} holds another run ({', '.join(found)}); "
-                          f"resume it with --resume {path}, or choose a new directory")
+    if not resume and folder.is_dir():
+        found = [name for name in RUN_FILES if (folder / name).exists()]
+        if found:
+            raise ConfigError(f"train.run_dir = {path!r} holds another run "
+                              f"({', '.join(found)}); resume it with --resume {path}, or "
+                              f"choose a new directory")
+    _make(folder)
+
+
+def _make(folder: Path) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"train.run_dir = {str(folder)!r}: cannot write there "
+                          f"({exc.strerror})") from None
 
 
 class RunDir:
     def __init__(self, path: str, config: JobConfig) -> None:
         self.path = Path(path)
+        _make(self.path)
         try:
-            self.path.mkdir(parents=True, exist_ok=True)
             self.write_text("config.toml", dump_toml(config))
             self._metrics = open(self.path / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115
         except OSError as exc:

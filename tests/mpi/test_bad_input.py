@@ -197,6 +197,12 @@ def test_bad_input_ends_real_launches_with_one_line_and_exit_2(tmp_path):
                           f"train.run_dir={str(tmp_path / 'r2')!r}"], ranks=2)
     assert code == 2 and out.strip() == f"hpctrain: error: [ranks 0-1] {empty}: empty file"
 
+    # A run directory below a file: refused before anything is written.
+    below_a_file = str(empty / "run")
+    code, ours, out = train(["--set", f"train.run_dir={below_a_file!r}"], ranks=2)
+    assert code == 2 and ours == [f"hpctrain: error: [rank 0] train.run_dir = "
+                                  f"{below_a_file!r}: cannot write there (Not a directory)"], out
+
     # A NaN feature read by worker 1 (samples 60-79 of step 1) beside a parameter server.
     h5 = tmp_path / "nan.h5"
     preprocess(DataConfig(source="criteo", paths=(str(SAMPLE),)), str(h5))

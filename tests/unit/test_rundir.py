@@ -6,7 +6,7 @@ import pytest
 
 from hpctrain.config import JobConfig
 from hpctrain.errors import ConfigError
-from hpctrain.train.rundir import RunDir
+from hpctrain.train.rundir import RunDir, claim
 
 
 def test_run_dir_is_made_and_filled(tmp_path):
@@ -22,9 +22,10 @@ def test_unwritable_run_dir_names_the_key(tmp_path):
     parent = tmp_path / "file.txt"
     parent.write_text("not a folder")
     path = str(parent / "run")
-    with pytest.raises(ConfigError) as err:
-        RunDir(path, JobConfig())
-    assert str(err.value) == f"train.run_dir = {path!r}: cannot write there (Not a directory)"
+    for make in (lambda: RunDir(path, JobConfig()), lambda: claim(path, resume=False)):
+        with pytest.raises(ConfigError) as err:
+            make()
+        assert str(err.value) == f"train.run_dir = {path!r}: cannot write there (Not a directory)"
     if os.geteuid() != 0:  # permission bits do not stop root
         locked = tmp_path / "locked"
         locked.mkdir(mode=0o500)
@@ -33,8 +34,6 @@ def test_unwritable_run_dir_names_the_key(tmp_path):
 
 
 def test_a_directory_holding_a_run_is_refused_unless_resumed(tmp_path):
-    from hpctrain.train.rundir import claim
-
     claim(str(tmp_path / "new"), resume=False)  # absent: fine
     (tmp_path / "empty").mkdir()
     claim(str(tmp_path / "empty"), resume=False)  # empty: fine
