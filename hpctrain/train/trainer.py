@@ -381,7 +381,7 @@ class Trainer:
             facts = self.comm.gather(self._rank_facts(), root=0)
         if facts:
             summary.peak_rss_mb = [f.peak_rss_mb for f in facts]
-            summary.skipped_lines = sum(f.skipped_lines for f in facts)
+            summary.skipped_lines = sum({f.replica: f.skipped_lines for f in facts}.values())
             summary.skipped_steps = [f.skipped_steps for f in facts]
             summary.ps_clients = [f.counters.client for f in facts if f.counters.client]
             summary.step_times = [f.step_times for f in facts]
@@ -423,8 +423,8 @@ class Trainer:
 
     def _rank_facts(self) -> _RankFacts:
         state = sum(t.numel() * t.element_size() for t in self.engine.state()[1])
-        return _RankFacts(peak_rss_bytes() / 2**20, self.dataset.skipped, self.guard.skipped,
-                          StepTimes.of(self.step_s, self.stragglers.delayed_s),
+        return _RankFacts(peak_rss_bytes() / 2**20, self.engine.replica, self.dataset.skipped,
+                          self.guard.skipped, StepTimes.of(self.step_s, self.stragglers.delayed_s),
                           self.counters(), state, self.engine.gradient_bytes())
 
 
@@ -447,6 +447,7 @@ class _RankFacts:
     """What each worker adds to the summary."""
 
     peak_rss_mb: float
+    replica: int  # the ranks of a replica (tensor/pipeline parallel) read the same lines
     skipped_lines: int
     skipped_steps: int
     step_times: StepTimes

@@ -1,6 +1,7 @@
 """Bad input across ranks: NaN/Inf steps skipped or stopped alike in every training mode, and
 errors found on some or all ranks ending real ``mpiexec`` launches with one line and exit 2."""
 
+import json
 import math
 import sys
 from pathlib import Path
@@ -234,3 +235,19 @@ def test_ranks_that_see_different_configs_stop_before_training(tmp_path):
     assert lines == [f"hpctrain: error: ranks disagree on config key train.seed: {seed} on "
                      f"rank 0; 7 on rank 1 (same launch, environment and files on every "
                      f"rank?)"], lines
+
+
+def test_a_skipped_line_is_counted_once_however_many_ranks_read_it(tmp_path):
+    """Both pipeline stages of one replica read the same lines: the summary counts a
+    skipped line once, not once per rank."""
+    lines = SAMPLE.read_bytes().split(b"\n")[:40]
+    lines[30] = b"7" + lines[30][1:]
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"\n".join(lines) + b"\n")
+    code, _, out = train(["--set", "data.source='criteo'", "--set", "data.eval_fraction=0",
+                          "--set", f"data.eval_paths=[{str(SAMPLE)!r}]", "--set",
+                          "train.batch_size=20", "--set", f"data.paths=[{str(bad)!r}]",
+                          "--set", "data.on_bad_line='skip'", "--set", "parallel.pp=2",
+                          "--set", f"train.run_dir={str(tmp_path / 'run')!r}"], ranks=2)
+    assert code == 0, out
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["skipped_lines"] == 1
