@@ -3,7 +3,8 @@
 Every rank of the node communicator maps the same memory, so a collective is loads and
 stores plus flag synchronisation; no message passes through MPI. Allreduce takes the
 one-synchronisation path below :func:`small_limit` bytes and the sliced (or, for resident
-buffers, in-place) path above it, piece by piece from ``PIPELINE_BYTES`` (numeric dtypes).
+buffers, in-place) path above it, in one numba call for numeric dtypes, piece by piece
+once the buffers outgrow the cache (:func:`~hpctrain.comm.window.piece_bytes`).
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ from hpctrain.comm import kernels
 from hpctrain.comm.algorithm import Algorithm
 from hpctrain.comm.types import OP_KERNEL, Cost, CostParams, Layout, Request, chunk_bounds
 from hpctrain.comm.window import (
-    PIPELINE_BYTES,
     Window,
     allreduce_pipelined,
     allreduce_resident,
     allreduce_slices,
     allreduce_small,
+    piece_bytes,
 )
 
 if TYPE_CHECKING:
@@ -103,8 +104,9 @@ class Shm(Algorithm):
             return lambda arr: allreduce_small(arr, group.arena(nbytes), op, kind)
         if req.resident:
             return super().bind(req, group)
-        if kind == kernels.ARITH and nbytes >= PIPELINE_BYTES:
-            return lambda arr: allreduce_pipelined(arr, group.arena(nbytes), op)
+        if kind == kernels.ARITH:
+            piece = piece_bytes(nbytes, group.layout.local_size)
+            return lambda arr: allreduce_pipelined(arr, group.arena(nbytes), op, piece)
         return lambda arr: allreduce_slices(arr, group.arena(nbytes), op, kind)
 
     def run(self, req: Request, arr: np.ndarray, group: Group) -> None:

@@ -33,15 +33,17 @@ Allreduce has two paths: latency-bound buffers are copied in and every rank redu
 whole buffer (one synchronisation); larger ones are split in ``p`` slices, rank ``r``
 reduces slice ``r`` over all rows and publishes it, and every rank copies the others'
 slices out (two synchronisations, ``2 (p-1)/p`` copies, the reduction spread over all
-cores). From :data:`PIPELINE_BYTES` the slices path goes piece by piece
-(:func:`allreduce_pipelined`, one numba call, flags 1 and 2 per piece), so that the window
-side of its copies stays in cache.
+cores). For numeric dtypes the slices path is one numba call
+(:func:`allreduce_pipelined`, flags 1 and 2 per piece), piece by piece once the buffers
+outgrow the last-level cache (:func:`piece_bytes`), so that the window side of its copies
+stays in cache.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from pathlib import Path
 
 import numba
 import numpy as np
@@ -55,7 +57,7 @@ from hpctrain.comm.types import chunk_bounds
 from hpctrain.runtime.waiting import watching
 
 __all__ = ["Window", "Resident", "ResidentAllreduce", "allreduce_small", "allreduce_slices",
-           "allreduce_resident", "allreduce_pipelined", "PIPELINE_BYTES", "complete",
+           "allreduce_resident", "allreduce_pipelined", "piece_bytes", "complete",
            "open_windows", "publish_flag", "flags_reached", "copy_bytes"]
 
 _LINE = 64
@@ -352,18 +354,40 @@ def _pipeline(arr, raw, flat, mem, at, stride, words, wstride, rank, p, piece, s
 
 _PIECE_BYTES = 256 << 10
 _SLOTS = 4
-PIPELINE_BYTES = _SLOTS * _PIECE_BYTES
-"""Buffers from this size take :func:`allreduce_pipelined`."""
 
 
-def allreduce_pipelined(arr: np.ndarray, arena: Window, op: int) -> None:
-    """The slices path one piece of ``_PIECE_BYTES`` at a time, with a pair of flags per
-    piece: the window side of the copies stays in cache instead of the whole buffer going
-    through memory twice (2 ranks, 64 MiB: 17 -> 11 ms). Arithmetic dtypes; the arena's
-    rows hold ``_SLOTS`` pieces (``arr`` is at least as large)."""
+def _last_level_cache() -> int:
+    """Bytes of the largest CPU cache (Linux sysfs; 32 MiB where it cannot be read)."""
+    sizes = []
+    for entry in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = entry.read_text().strip().upper()
+        scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
+        digits = text.rstrip("KM")
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return max(sizes, default=32 << 20)
+
+
+_CACHE_BYTES = _last_level_cache()
+
+
+def piece_bytes(nbytes: int, ranks: int) -> int:
+    """How :func:`allreduce_pipelined` cuts ``nbytes`` over ``ranks`` ranks of a node: in
+    ``_PIECE_BYTES`` pieces once the ranks' buffers and both halves of the window
+    (``3 x ranks`` buffers) outgrow the last-level cache, so that the window side of the
+    copies stays in cache; below that whole, the slices path's two synchronisations in
+    one call, as a piece's pair of flags costs more than the cache saves."""
+    if 3 * ranks * nbytes <= _CACHE_BYTES:
+        return max(nbytes, 1)
+    return _PIECE_BYTES
+
+
+def allreduce_pipelined(arr: np.ndarray, arena: Window, op: int, piece: int) -> None:
+    """The slices path in one numba call, ``piece`` bytes at a time (:func:`piece_bytes`)
+    with a pair of flags per piece. Arithmetic dtypes; the arena's rows hold ``arr``."""
     half = arena.next_half()
     flat, stride = arena.flat(half, arr.dtype)
-    piece = _PIECE_BYTES // arr.itemsize
+    piece = max(1, piece // arr.itemsize)
     pieces = -(-arr.size // piece)
     value = arena.reserve(pieces, 1, 2)
     state = np.zeros(2, np.int64)

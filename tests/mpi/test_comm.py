@@ -25,7 +25,8 @@ from hpctrain.comm import (
 )
 from hpctrain.comm.fusion import FusedGradients
 from hpctrain.comm.select import ALGORITHMS
-from hpctrain.comm.types import chunk_bounds
+from hpctrain.comm.types import OP_KERNEL, chunk_bounds
+from hpctrain.comm.window import allreduce_pipelined
 from hpctrain.config import CommConfig, load_config
 from hpctrain.errors import CommError
 from hpctrain.models.dlrm import DLRM
@@ -158,15 +159,22 @@ def test_the_other_primitives_match_numpy():
         expect = np.full(n, sum(range(p)) + p * step, np.float32)
         expect[step % n] += sum(range(p))
         np.testing.assert_array_equal(x, expect, err_msg=f"step {step}")
-    # From 1 MiB the shared window goes piece by piece: every op and numeric width, on
-    # lengths that leave a short last piece (and, over 3 ranks, empty slices in it).
+    # The slices path in one call, whole and piece by piece (256 KiB pieces, whatever
+    # piece_bytes would choose on this machine): every op and numeric width, on lengths
+    # that leave a short last piece (and, over 3 ranks, empty slices in it).
     for dtype, n in (("float32", 300_007), ("float64", 131_073), ("int32", 262_145)):
         inputs = [values(k, n, dtype, seed=2) for k in range(p)]
         for op in ("sum", "max", "min"):
             buf = buffer(inputs[r], dtype)
             allreduce(buf, op, comm=group, algorithm="shm")
-            check_reduced(as_float64(buf), inputs, op, dtype, f"pieces {dtype} {op} n={n}")
-            same_on_every_rank(group.comm, raw(buf), f"pieces {dtype} {op}")
+            check_reduced(as_float64(buf), inputs, op, dtype, f"shm {dtype} {op} n={n}")
+            same_on_every_rank(group.comm, raw(buf), f"shm {dtype} {op}")
+            for piece in (buf.nbytes, 256 << 10):
+                buf = buffer(inputs[r], dtype)
+                allreduce_pipelined(buf, group.arena(buf.nbytes), OP_KERNEL[op], piece)
+                check_reduced(as_float64(buf), inputs, op, dtype, f"{piece} B pieces {dtype} "
+                              f"{op} n={n}")
+                same_on_every_rank(group.comm, raw(buf), f"{piece} B pieces {dtype} {op}")
     part = np.arange(r + 2, dtype=np.int64) * (r + 1)
     whole = [np.arange(k + 2, dtype=np.int64) * (k + 1) for k in range(p)]
     gathered = gather(part, root=p - 1, comm=group)
