@@ -34,8 +34,8 @@ Carried hot sums: built with ``carry_rows``, the store leaves step 2's sum to th
 whose gradient reduction carries the hot gradients (:attr:`TieredStore.rider`,
 :mod:`embeddings.hotsum`) and applies them before the push; the push then updates cold rows
 only. Every step is summed, so hot rows are never stale (bound 0 whatever the sync model).
-The store sums on its own for engines without a per-step gradient reduction (dense on the
-servers, local SGD).
+The store sums on its own where they cannot ride in that reduction (local SGD, ZeRO-2, a
+16-bit wire, a GPU worker).
 
 Staleness bound ``s`` (the sync model's): with ``s = 0`` (BSP) hot gradients are summed every
 step and a replica is never behind. With ``s > 0`` (SSP) a worker applies its own hot

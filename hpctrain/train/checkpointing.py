@@ -93,13 +93,14 @@ class Cadence:
 
 
 def shape_of(config: JobConfig, layout: TableLayout) -> dict[str, str]:
-    """What a checkpoint and the job restoring it must agree on."""
+    """What a checkpoint and the job restoring it must agree on, in the order they are
+    checked: the mode first, since full mode adds the dense table to the tables."""
     m = config.model
-    return {"table_sizes": json.dumps([int(n) for n in layout.sizes]),
+    return {"ps.mode": config.ps.mode if config.ps.servers else "replicated",
+            "table_sizes": json.dumps([int(n) for n in layout.sizes]),
             "model.embedding_dim": str(m.embedding_dim), "model.bottom_mlp": str(m.bottom_mlp),
             "model.top_mlp": str(m.top_mlp), "train.optimizer": config.train.optimizer,
             "train.sparse_optimizer": config.train.table_optimizer,
-            "ps.mode": config.ps.mode if config.ps.servers else "replicated",
             # tensor/pipeline parallel: one dense file per (stage, tensor shard)
             "dense layout": _dense_layout(config),
             # the data position is the step: these must not change under a resume

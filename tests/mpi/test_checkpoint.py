@@ -146,6 +146,15 @@ def test_resume_refuses_what_it_cannot_restore(tmp_path):
                      "model.top_mlp=[8, 1]"], ranks=2, timeout=60)
     assert other.returncode == 2, other.stdout
     assert "was made with model.top_mlp = (16, 1); this job has (8, 1)" in other.stdout
+    # replicated tables resume onto a parameter server (hybrid), not into full mode
+    full = run_mpi([*HPCTRAIN, "--resume", str(tmp_path / "run"), *servers(1), "--set",
+                    "ps.mode='full'"], ranks=3, timeout=60)
+    assert full.returncode == 2 and "ps.mode" in full.stdout, full.stdout
+    hybrid = run_mpi([*HPCTRAIN, "--resume", str(tmp_path / "run"), *servers(1), "--set",
+                      "train.steps=6"], ranks=3, timeout=120)
+    assert hybrid.returncode == 0 and "(step 4)" in hybrid.stdout, hybrid.stdout
+    rows = final_state(tmp_path / "run", step=6)["rows"]
+    np.testing.assert_array_equal(rows, np.arange(50 + 200 + 1000 + 7))  # all, from the server
 
 
 def alltoall(sharding: str) -> list[str]:
