@@ -22,7 +22,6 @@ from mpi4py import MPI
 
 from hpctrain.comm.group import Group
 from hpctrain.config import CommConfig
-from hpctrain.errors import CommError
 from hpctrain.runtime.world import Topology
 
 __all__ = ["Communicators", "communicators"]
@@ -38,13 +37,6 @@ class Communicators:
     def workers(self) -> Group:
         """A group over the workers (collective over ``topo.role_comm``)."""
         return self.over(self.topo.role_comm)
-
-    def axis(self, name: str) -> Group:
-        """A group over this worker's ``tensor``, ``pipeline`` or ``data`` axis of the grid
-        (collective over that axis)."""
-        if self.topo.grid is None:
-            raise CommError(f"no parallel grid on rank {self.topo.rank}: no {name} axis")
-        return self.over(self.topo.grid.comms[name])
 
     def over(self, comm: MPI.Intracomm) -> Group:
         """A group over ``comm``, a communicator the Topology handed out (collective over

@@ -366,7 +366,7 @@ def predict(w: Workload, p: Proposal, cluster: Cluster) -> Prediction:
         outb += 2 * exchanged
 
     # --- dense part, per stage
-    stages = _stage_layers(w, p.pp)
+    stages = _stage_layers(w, p.pp, p.stage_cuts)
     bucket = p.bucket_kib * 1024
     stage_preds: list[RankPrediction] = []
     in_flight = p.micro_batches if p.schedule == "gpipe" else min(p.micro_batches, p.pp)
@@ -487,12 +487,12 @@ class _Stage:
         return self.params(tp) + self.macs - self.sharded - self.replicated
 
 
-def _stage_layers(w: Workload, pp: int) -> list[_Stage]:
+def _stage_layers(w: Workload, pp: int, stage_cuts: tuple[int, ...]) -> list[_Stage]:
     """The pipeline stages: stage 0 holds the bottom MLP, the interaction and the first top
-    layers, cut where the trainer cuts by default."""
+    layers, cut where the trainer cuts (``stage_cuts``, or balanced when empty)."""
     top_layers = len(w.top) - 1
     features = w.tables + 1
-    cuts = [0, *top_cuts(top_layers, pp), top_layers]
+    cuts = [0, *top_cuts(top_layers, pp, stage_cuts), top_layers]
     out = []
     for s in range(pp):
         lo, hi = cuts[s], cuts[s + 1]

@@ -128,7 +128,8 @@ def proposal_of(config: JobConfig, ranks: int) -> Proposal:
              "micro_batches": par.micro_batches if par.tp * par.pp > 1 else 1,
              "schedule": par.schedule, "bucket_kib": config.comm.bucket_kib,
              "zero": config.train.zero, "local_steps": local_period(config.sync.dense),
-             "wire_dtype": config.comm.wire_dtype, "pipeline_wire": par.wire_dtype}
+             "wire_dtype": config.comm.wire_dtype, "pipeline_wire": par.wire_dtype,
+             "stage_cuts": tuple(par.stage_cuts)}
     if config.embeddings.mode == "alltoall":
         return Proposal("alltoall", sharding=config.embeddings.sharding, **dense)
     return Proposal("ps" if ps.servers else "replicated", ps.servers,

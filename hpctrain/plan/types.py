@@ -32,6 +32,7 @@ class Proposal:
     local_steps: int = 0  # sync.dense = local:H (0: bsp, a gradient reduction every step)
     wire_dtype: str = "float32"  # comm.wire_dtype: the dense gradient reduction's messages
     pipeline_wire: str = "float32"  # parallel.wire_dtype: the pipeline's messages (pp > 1)
+    stage_cuts: tuple[int, ...] = ()  # parallel.stage_cuts (pp - 1 of them; empty: balanced)
 
     @property
     def name(self) -> str:
@@ -48,6 +49,8 @@ class Proposal:
             grid += f"xtp{self.tp}xpp{self.pp}-m{self.micro_batches}"
             if self.pp > 1:
                 grid += f"-{self.schedule}"
+            if self.stage_cuts:
+                grid += f"-cuts{'_'.join(map(str, self.stage_cuts))}"
         name = f"{tables}/{grid}/b{self.bucket_kib // 1024}MiB"
         if self.zero:
             name += f"/zero{self.zero}"
@@ -64,7 +67,9 @@ class Proposal:
         keys = [f"ps.servers={self.servers}", f"parallel.tp={self.tp}",
                 f"parallel.pp={self.pp}", f"parallel.dp={self.dp}",
                 f"parallel.micro_batches={self.micro_batches}",
-                f"parallel.schedule='{self.schedule}'", f"comm.bucket_kib={self.bucket_kib}",
+                f"parallel.schedule='{self.schedule}'",
+                f"parallel.stage_cuts={list(self.stage_cuts)}",
+                f"comm.bucket_kib={self.bucket_kib}",
                 f"train.zero={self.zero}", f"comm.wire_dtype='{self.wire_dtype}'",
                 f"parallel.wire_dtype='{self.pipeline_wire}'",
                 f"sync.dense='{f'local:{self.local_steps}' if self.local_steps else 'bsp'}'"]

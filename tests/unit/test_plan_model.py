@@ -280,3 +280,24 @@ def test_an_all_to_all_job_is_predicted_as_its_own_layout():
                                                  cluster(1)).ranks[0].time_s["push"]
     assert not any(q.proposal.embeddings == "alltoall" for q in plan(load_config(job),
                                                                      cluster(1)))
+
+
+def test_a_jobs_own_stage_cuts_are_predicted_and_other_pipelines_are_balanced():
+    """The job's ``parallel.stage_cuts`` shape its own layout's stages; proposals with
+    another number of stages are cut balanced and stay runnable (their overrides clear the
+    job's cuts, which would not fit them)."""
+    job = "jobs/configs/default.toml"
+    keys = ["parallel.pp=2", "parallel.micro_batches=4", "parallel.stage_cuts=[2]"]  # balanced: [1]
+    config = load_config(job, keys)
+    own = proposal_of(config, 2)
+    assert own.stage_cuts == (2,) and "-cuts2" in own.name
+    w = workload(config)
+    first = predict(w, own, cluster(2)).ranks
+    balanced = predict(w, dataclasses.replace(own, stage_cuts=()), cluster(2)).ranks
+    assert [r.memory for r in first] != [r.memory for r in balanced]
+    assert load_config(job, [*keys, *own.overrides()]).parallel.stage_cuts == (2,)
+    for q in plan(config, cluster(4), job):
+        assert not any("stage_cuts" in r for r in q.infeasible), q.proposal.name
+        if q.proposal.pp not in (1, 2) or q.proposal.stage_cuts:
+            continue
+        load_config(job, [*keys, *q.proposal.overrides()])  # runnable: no ConfigError
