@@ -190,13 +190,12 @@ def sweep(group: Group, sizes: Sequence[int], algorithms: Sequence[str], reps: i
                 cases[name] = lambda v=view: allreduce(v, comm=group)
                 chosen[name] = _chosen(group, count, dtype, True)
                 continue
-            try:
-                algo = select.choose(Request("allreduce", count, dt), group.layout,
-                                     group.params, name)
+            try:  # left out where the layout does not allow it
+                select.choose(Request("allreduce", count, dt), group.layout, group.params, name)
             except CommError:
                 continue
-            if name == "auto":
-                chosen[name] = algo.name
+            if name == "auto":  # what allreduce(algorithm="auto") runs: comm.algorithm's
+                chosen[name] = _chosen(group, count, dtype, False)
             cases[name] = lambda x=x, n=name: allreduce(x, comm=group, algorithm=n)
         for fn in cases.values():  # warm up: windows, process groups, compiled kernels
             fn()

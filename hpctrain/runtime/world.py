@@ -194,9 +194,6 @@ def build_topology(config: JobConfig, base: MPI.Intracomm | None = None) -> Topo
                           f"times on one clock, so every rank must run on one machine; this "
                           f"job spans real nodes of {node.Get_size()} of its "
                           f"{world.Get_size()} ranks")
-    if config.comm.emulate and rank == 0:
-        for note in emulation_notes(config, roles):
-            log.warning("%s", note)
     role_comm = world.Split(1 if roles.is_server(rank) else 0, key=rank)
     role_comm.Set_name("hpctrain.servers" if roles.is_server(rank) else "hpctrain.workers")
     rc = config.runtime
@@ -207,6 +204,9 @@ def build_topology(config: JobConfig, base: MPI.Intracomm | None = None) -> Topo
     device = _select_device(config.runtime.device, node.Get_rank())
     backend = par.backend if par.backend != "auto" else (
         "torch" if device.type == "cuda" else "mpi")
+    if config.comm.emulate and rank == 0:
+        for note in emulation_notes(config, roles, backend):
+            log.warning("%s", note)
     topo = Topology(world, node, role_comm, roles, device, threads, backend,
                     comm_config=config.comm)
     if topo.is_worker:
@@ -263,8 +263,9 @@ def build_grid(comm: MPI.Intracomm, grid: Grid, rendezvous: Rendezvous | None = 
     return GridComms(grid, position, comms, torch_groups if rendezvous else None, local)
 
 
-def emulation_notes(config: JobConfig, roles: Roles) -> list[str]:
-    """What ``comm.emulate`` leaves undelayed in this job (warnings, one line each)."""
+def emulation_notes(config: JobConfig, roles: Roles, backend: str) -> list[str]:
+    """What ``comm.emulate`` leaves undelayed in this job, whose tensor/pipeline traffic
+    goes over ``backend`` (``parallel.backend`` resolved; warnings, one line each)."""
     notes = []
     size = config.comm.node_size
     if not roles.servers and (size == 0 or size >= roles.workers):
@@ -272,7 +273,7 @@ def emulation_notes(config: JobConfig, roles: Roles) -> list[str]:
                      f"(comm.node_size = {size}) and there is no parameter server, so no "
                      f"message is delayed; set comm.node_size below {roles.workers}")
     par = config.parallel
-    if par.pp > 1 or (par.tp > 1 and par.backend == "torch"):
+    if par.pp > 1 or (par.tp > 1 and backend == "torch"):
         notes.append("comm.emulate: tensor/pipeline-parallel messages between stages (and "
                      "over torch.distributed) are not delayed; only the collectives groups', "
                      "the all-to-all's and the parameter server's are")

@@ -51,12 +51,17 @@ def test_counters_subtract():
 
 def test_a_job_where_nothing_would_be_delayed_is_warned_about():
     quiet = load_config(overrides=["comm.emulate='20,10'", "comm.node_size=1"])
-    assert emulation_notes(quiet, assign_roles(2, 0)) == []
+    assert emulation_notes(quiet, assign_roles(2, 0), "mpi") == []
     one_node = load_config(overrides=["comm.emulate='20,10'", "comm.node_size=2"])
-    [note] = emulation_notes(one_node, assign_roles(2, 0))
+    [note] = emulation_notes(one_node, assign_roles(2, 0), "mpi")
     assert "no message is delayed" in note and "comm.node_size = 2" in note
-    assert emulation_notes(one_node, assign_roles(3, 1)) == []  # the server is a node
+    assert emulation_notes(one_node, assign_roles(3, 1), "mpi") == []  # the server is a node
     pipeline = load_config(overrides=["comm.emulate='20,10'", "comm.node_size=1",
                                       "parallel.pp=2"])
-    [note] = emulation_notes(pipeline, assign_roles(2, 0))
+    [note] = emulation_notes(pipeline, assign_roles(2, 0), "mpi")
     assert "pipeline-parallel messages" in note
+    tensor = load_config(overrides=["comm.emulate='20,10'", "comm.node_size=1",
+                                    "parallel.tp=2"])  # backend auto: torch on CUDA
+    assert emulation_notes(tensor, assign_roles(2, 0), "mpi") == []
+    [note] = emulation_notes(tensor, assign_roles(2, 0), "torch")
+    assert "torch.distributed" in note
