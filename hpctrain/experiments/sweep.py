@@ -45,7 +45,7 @@ from typing import Any
 from hpctrain.config import dump_toml, load_config
 from hpctrain.errors import CheckpointError, ConfigError
 from hpctrain.train import checkpoint as ckpt
-from hpctrain.train.rundir import write_text_atomic
+from hpctrain.train.rundir import RUN_FILES, write_text_atomic
 
 __all__ = ["Task", "expand", "write_sweep", "read_tasks", "task_of", "run_task", "run_all"]
 
@@ -114,13 +114,13 @@ def expand(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], int, str
         raise fail("points", "give a [grid] or [[points]], not both")
     if "grid" in table:
         grid = table["grid"]
+        if not grid:
+            raise fail("grid", "empty grid: no key to vary")
         for key, values in grid.items():
             if not isinstance(values, list) or not values:
                 raise fail(key, f"a grid key needs a non-empty list of values, got {values!r}")
         points = [dict(zip(grid, combo, strict=True))
                   for combo in itertools.product(*grid.values())]
-        if not points:
-            raise fail("grid", "empty grid: no key to vary")
     else:
         points = table.get("points", [])
         if not points:
@@ -258,9 +258,13 @@ def run_task(task: Task, launcher: str = "mpiexec") -> str:
         manifest = ckpt.latest(run_dir)
         command += ["--resume", str(run_dir)]
         did = f"resumed from step {manifest.step}"
-    except CheckpointError:
-        for name in ("metrics.jsonl", "meta.json"):
-            (run_dir / name).unlink(missing_ok=True)
+    except CheckpointError:  # whatever the interrupted run left: the folder is the task's
+        for name in (*RUN_FILES, "meta.json"):
+            path = run_dir / name
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
         did = "trained"
     result = subprocess.run(command, check=False)
     if result.returncode != 0:

@@ -37,6 +37,7 @@ ranks = 1
     ('[grid]\n"sync.model" = ["bsp", "fast"]\n', ":2: sync.model", "unknown sync model"),
     ('[set]\n"train.lr" = -1\n[grid]\n"sync.model" = ["bsp"]\n', ":2: train.lr", ">= 0.0"),
     ('[grid]\n"sync.model" = []\n', ":2: sync.model", "non-empty list"),
+    ('[grid]\n', ":1: grid", "empty grid: no key to vary"),
     ('[sweep]\nranks = 3\n[grid]\n"ps.servers" = [3]\n', ":4: ps.servers", "leaves no worker"),
     ('[sweep]\nrepeats = 3\n', ": points", "nothing to sweep"),
 ])
@@ -133,6 +134,8 @@ def test_slurm_array_task_runs_its_point_then_run_and_report_finish_the_sweep(tm
     partial = out / "runs" / tasks[2]["name"]  # an interrupted run without a checkpoint
     partial.mkdir(parents=True)
     (partial / "metrics.jsonl").write_text('{"step": 999, "time_s": 1.0}\n')
+    (partial / "config.toml").write_text("# written when its trainer started\n")
+    (partial / "checkpoints" / "step-00000004").mkdir(parents=True)  # never completed
     stopped = out / "runs" / tasks[3]["name"]  # interrupted after its checkpoint at step 10
     first = subprocess.run([sys.executable, "-m", "hpctrain.cli", "train", tasks[3]["job"],
                             "--set", "train.steps=10"], env=child_env(), cwd=ROOT,
