@@ -91,8 +91,9 @@ class DataConfig:
                          choices=("synthetic", "criteo", "hdf5"))
     paths: tuple[str, ...] = option((), "input files for criteo/hdf5 (relative to the job "
                                         "file's folder)")
-    eval_paths: tuple[str, ...] = option((), "held-out files; empty holds out the last "
-                                             "eval_fraction of the samples instead")
+    eval_paths: tuple[str, ...] = option((), "criteo: held-out files; empty holds out the "
+                                             "last eval_fraction of the samples instead (an "
+                                             "hdf5 file has its own eval group)")
     eval_fraction: float = option(0.1, "share of samples held out when eval_paths is empty",
                                   min=0.0, max=0.9)
     table_sizes: tuple[int, ...] = option(
@@ -536,7 +537,7 @@ def _check_inputs(job: JobConfig) -> None:
     if not d.table_sizes:
         raise ConfigError("data.table_sizes = []: needs at least one table (one per "
                           "categorical feature)")
-    if d.source != "synthetic" and not d.eval_paths and d.eval_fraction == 0:
+    if d.source == "criteo" and not d.eval_paths and d.eval_fraction == 0:
         raise ConfigError("data.eval_fraction = 0 with no data.eval_paths leaves no held-out "
                           "samples to evaluate; hold some out or name eval files")
     seen: dict[str, str] = {}

@@ -273,8 +273,8 @@ class Server:
 
     def _record_staleness(self, source: int, request: Request) -> None:
         slowest = self.slowest_clock()
-        gap = 0 if slowest == float("inf") else max(0, request.step - int(slowest))
         model = self.model_of(request)
+        gap = 0 if slowest == float("inf") else model.staleness(request.step, int(slowest))
         if model.bound is not None and gap > model.bound + request.slack:
             raise PSError(f"server rank {self.comm.Get_rank()}: a read by rank {source} at "
                           f"clock {request.step} was served {gap} clocks stale, beyond "

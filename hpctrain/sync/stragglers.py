@@ -31,10 +31,6 @@ class Stragglers:
         self.seed = seed
         self.delayed_s = 0.0
 
-    @property
-    def active(self) -> bool:
-        return self.persistent > 1.0 or (self.probability > 0.0 and self.delay_factor > 1.0)
-
     def factor(self, step: int) -> float:
         """How many times slower this worker's ``step`` is."""
         key = np.array([(self.worker << 40) + step], dtype=np.uint64)

@@ -89,6 +89,10 @@ class TrainingJob:
             write_meta(run_dir, meta)
         self.dataset = agree(topo.world, lambda: (dataset or open_dataset(config.data))
                              if topo.is_worker else None)
+        if topo.rank == 0 and config.data.source == "hdf5" and config.data.eval_paths:
+            log.warning("data.eval_paths is not read with data.source = 'hdf5': the file's "
+                        "own eval group is the held-out data (hpctrain preprocess wrote "
+                        "data.eval_paths into it)")
         agree_on_inputs(topo.world, config, self.dataset)
         with Wait("bcast", topo.world):
             sizes = topo.world.bcast(self.dataset.table_sizes if topo.rank == 0 else None,

@@ -62,10 +62,14 @@ def test_preprocess_then_train_from_hdf5_on_three_ranks(tmp_path):
     assert pre.returncode == 0 and out.exists(), pre.stdout
     result = run_mpi([*HPCTRAIN, "train", "jobs/configs/criteo_sample.toml", *QUIET,
                       "--set", "data.source='hdf5'", "--set", f"data.paths=[{str(out)!r}]",
+                      "--set", "data.eval_paths=['tests/data/criteo_kaggle_sample.txt']",
+                      "--set", "data.eval_fraction=0",
                       "--set", f"train.run_dir={str(tmp_path / 'run')!r}"], ranks=3,
                      timeout=120)
     assert result.returncode == 0, result.stdout
     assert "on 3 workers" in result.stdout
+    # the file's own eval group is the held-out data: eval_paths is said to be unread
+    assert result.stdout.count("data.eval_paths is not read with data.source = 'hdf5'") == 1
 
 
 def test_info_prints_the_world():
