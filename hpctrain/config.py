@@ -68,8 +68,9 @@ def option(default: Any, help: str, *, choices: Sequence[Any] | None = None,
 
 @dataclass(frozen=True)
 class RuntimeConfig:
-    threads: int = option(0, "torch intra-op threads per rank; 0 divides the node's cores "
-                             "among the ranks on it", min=0)
+    threads: int = option(0, "torch intra-op threads per rank; 0: the rank's cores (its "
+                             "affinity mask), divided among the node's ranks that share them",
+                          min=0)
     device: str = option("auto", "dense compute device; auto takes CUDA (device = local rank) "
                                  "when available", choices=("auto", "cpu", "cuda"))
     log_level: str = option("info", "log level of rank 0 (other ranks log warnings and up)",

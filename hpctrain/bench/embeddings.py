@@ -135,7 +135,7 @@ def _train(args: argparse.Namespace, world: Topology, name: str, overrides: list
 def _row_bytes(config: JobConfig) -> int:
     """Bytes of one row with its optimizer state."""
     dim = config.model.embedding_dim
-    return 4 * (dim + SparseOptimizer(config.train.optimizer).state_width(dim))
+    return 4 * (dim + SparseOptimizer(config.train.table_optimizer).state_width(dim))
 
 
 def _store_facts(trainer: Trainer) -> dict[str, Any]:

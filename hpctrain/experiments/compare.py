@@ -82,7 +82,8 @@ def compare_sync(config: JobConfig, topo: Topology, models_text: str, out: str,
     variants = sync_variants(models_text, config.sync)
     out_dir = Path(out)
     runs = []
-    every = config.train.eval_every or max(1, _steps(config) // EVALUATIONS)
+    every = config.train.eval_every or (max(1, _steps(config) // EVALUATIONS)
+                                        if repeats > 1 else 0)
     for repeat in range(repeats):
         for label, sync in variants:
             name = label.replace(":", "") + (f"-r{repeat}" if repeats > 1 else "")

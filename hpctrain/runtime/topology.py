@@ -60,11 +60,16 @@ def shard_range(n: int, parts: int, index: int) -> tuple[int, int]:
     return lo, lo + base + (1 if index < extra else 0)
 
 
-def threads_per_rank(cores: int, ranks_on_node: int, requested: int = 0) -> int:
-    """Torch threads for one rank: ``requested``, or the node's cores divided among its ranks."""
+def threads_per_rank(mine: frozenset[int], node: list[frozenset[int]],
+                     requested: int = 0) -> int:
+    """Torch threads for one rank: ``requested``, or the cores of its affinity mask
+    (``mine``) divided among the node's ranks whose masks (``node``, this one's included)
+    overlap it: a rank the launcher bound to its own cores (``srun --cpu-bind``) keeps
+    them all, ranks that share the node's cores divide them."""
     if requested > 0:
         return requested
-    return max(1, cores // max(1, ranks_on_node))
+    sharing = sum(1 for other in node if other & mine)
+    return max(1, len(mine) // max(1, sharing))
 
 
 @dataclass(frozen=True)

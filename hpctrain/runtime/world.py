@@ -164,12 +164,16 @@ class Topology:
                 comm.Free()
 
 
-def available_cores() -> int:
-    """Cores this process may run on (its affinity mask, as Slurm/PBS set it)."""
+def affinity() -> frozenset[int]:
+    """The cores this process may run on (its affinity mask, as Slurm/PBS set it)."""
     try:
-        return len(os.sched_getaffinity(0))
+        return frozenset(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - non-Linux
-        return os.cpu_count() or 1
+        return frozenset(range(os.cpu_count() or 1))
+
+
+def available_cores() -> int:
+    return len(affinity())
 
 
 def build_topology(config: JobConfig, base: MPI.Intracomm | None = None) -> Topology:
@@ -199,7 +203,9 @@ def build_topology(config: JobConfig, base: MPI.Intracomm | None = None) -> Topo
     rc = config.runtime
     if base == MPI.COMM_WORLD:
         watchdog.watch(world, rc.watchdog_warn_s, rc.watchdog_abort_s)
-    threads = threads_per_rank(available_cores(), node.Get_size(), config.runtime.threads)
+    with watching("allgather", node):
+        masks = node.allgather(affinity())
+    threads = threads_per_rank(affinity(), masks, config.runtime.threads)
     torch.set_num_threads(threads)
     device = _select_device(config.runtime.device, node.Get_rank())
     backend = par.backend if par.backend != "auto" else (

@@ -47,10 +47,15 @@ def test_workers_read_exactly_the_global_batch(n, batch, workers, step):
     assert batches_per_epoch(n, batch) >= 1
 
 
-def test_threads_divide_the_node():
-    assert threads_per_rank(16, 4) == 4
-    assert threads_per_rank(2, 4) == 1
-    assert threads_per_rank(16, 4, requested=3) == 3
+def test_threads_divide_the_cores_a_rank_shares():
+    node = frozenset(range(16))
+    assert threads_per_rank(node, [node] * 4) == 4  # four ranks on the node's 16 cores
+    assert threads_per_rank(frozenset({0, 1}), [frozenset({0, 1})] * 4) == 1
+    assert threads_per_rank(node, [node] * 4, requested=3) == 3
+    bound = [frozenset({2 * r, 2 * r + 1}) for r in range(4)]  # srun --cpu-bind: 2 each
+    assert all(threads_per_rank(mask, bound) == 2 for mask in bound)
+    halves = [frozenset(range(8))] * 2 + [frozenset(range(8, 16))] * 2  # two per socket
+    assert threads_per_rank(halves[0], halves) == 4
 
 
 @given(st.integers(1, 4), st.integers(1, 4), st.integers(1, 4))
