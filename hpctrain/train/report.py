@@ -154,12 +154,15 @@ def format_summary(summary: Summary, workers: int) -> str:
 def _run_rows(summary: Summary, workers: int) -> list[tuple[str, str]]:
     ev = summary.eval
     rss = summary.peak_rss_mb
-    return [
-        ("steps", f"{summary.steps:,} ({summary.samples:,} samples on {workers} workers)"),
+    evaluation = [
         ("eval log loss", f"{ev.get('log_loss', float('nan')):.4f}  "
                           f"(base rate {ev.get('base_rate_log_loss', float('nan')):.4f})"),
         ("eval AUC", f"{ev.get('auc', float('nan')):.4f}"),
         ("eval accuracy", f"{ev.get('accuracy', float('nan')):.4f}"),
+    ] if ev else [("eval", "not run (stopped before the last step; the resumed run evaluates)")]
+    return [
+        ("steps", f"{summary.steps:,} ({summary.samples:,} samples on {workers} workers)"),
+        *evaluation,
         ("train loss (last)", f"{summary.train_loss:.4f}"),
         ("samples/s end to end", f"{summary.samples_per_s:,.0f}  ({summary.wall_s:.1f} s)"),
         ("samples/s step only", f"{summary.step_samples_per_s:,.0f}  ({summary.step_s:.1f} s)"),

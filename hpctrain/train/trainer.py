@@ -368,12 +368,13 @@ class Trainer:
         return self._summarize(summary, time.perf_counter() - start - self.paused_s)
 
     def _summarize(self, summary: Summary, wall_s: float) -> Summary:
-        """Fill ``summary`` after the loop: the final evaluation, traffic and every worker's
-        facts (gathered on worker 0)."""
+        """Fill ``summary`` after the loop: the final evaluation (not after a signal's stop:
+        the queue's grace period is for the checkpoint and the exit, and the resumed run
+        evaluates at its end), traffic and every worker's facts (gathered on worker 0)."""
         summary.steps = summary.stopped_at or self.steps
         summary.wall_s = wall_s
         summary.phase_s = {k: self.phase_s[k] for k in PHASES}
-        summary.eval = self._log_eval(summary.steps)
+        summary.eval = {} if summary.stopped_at else self._log_eval(summary.steps)
         traffic = self.engine.traffic()
         summary.dense_reduced_bytes, summary.dense_syncs = traffic.reduced_bytes, traffic.syncs
         summary.pipeline_sent_bytes = traffic.pipeline_bytes
