@@ -94,26 +94,31 @@ class _File:
 
 def _scan(path: str) -> np.ndarray:
     """Line starts of ``path`` plus one past the end of its last line (int64 [lines + 1])."""
-    pieces, pos, last = [], 0, 10
+    pieces, pos, chunk, tail_at = [], 0, 0, 0
     try:
         with (gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")) as f:
             buf = bytearray(_SCAN_CHUNK)
             while n := f.readinto(buf):
                 pieces.append(np.flatnonzero(np.frombuffer(buf, np.uint8, n) == 10) + pos)
-                last = buf[n - 1]
+                chunk, tail_at = n, pos
                 pos += n
     except (OSError, EOFError) as exc:
         raise DataError(f"{path}: cannot read ({_why(exc)})") from None
     if pos == 0:
         raise DataError(f"{path}: empty file")
+    tail = buf[:chunk]  # the file's last chunk (readinto leaves it at the end)
     ends = np.concatenate(pieces).astype(np.int64)
-    if last != 10:  # no final newline: the last line ends at the end of the file
+    if tail[-1] != 10:  # no final newline: the last line ends at the end of the file
         ends = np.append(ends, pos)
     starts = np.concatenate([[0], ends + 1])
-    nonempty = np.flatnonzero(ends > starts[:-1])
-    if len(nonempty) == 0:
+    lines = len(ends)
+    while lines and (ends[lines - 1] == starts[lines - 1] or (  # drop trailing blank lines
+            ends[lines - 1] == starts[lines - 1] + 1 and starts[lines - 1] >= tail_at
+            and tail[starts[lines - 1] - tail_at] == 13)):  # a CRLF file's blank line: "\r"
+        lines -= 1
+    if lines == 0:
         raise DataError(f"{path}: no complete line (only blank lines)")
-    return starts[: nonempty[-1] + 2]  # drop trailing blank lines
+    return starts[: lines + 1]
 
 
 def _why(exc: BaseException) -> str:

@@ -113,7 +113,8 @@ def test_line_ends_missing_newline_crlf_trailing_blank(tmp_path):
     expected = reference(LINES[:5])[1]
     for name, body in [("nofinal", b"\n".join(LINES[:5])),
                        ("crlf", b"\r\n".join(LINES[:5]) + b"\r\n"),
-                       ("blank", b"\n".join(LINES[:5]) + b"\n\n\n")]:
+                       ("blank", b"\n".join(LINES[:5]) + b"\n\n\n"),
+                       ("crlf_blank", b"\r\n".join(LINES[:5]) + b"\r\n\r\n\r\n")]:
         (tmp_path / name).write_bytes(body)
         data = CriteoText([str(tmp_path / name)], SIZES, eval_fraction=0)
         assert data.num_samples("train") == 5, name
