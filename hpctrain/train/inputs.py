@@ -23,6 +23,7 @@ from hpctrain.data import Dataset
 from hpctrain.errors import ConfigError
 from hpctrain.runtime.abort import AgreedError
 from hpctrain.runtime.waits import Wait
+from hpctrain.train.optim import sparse_optimizer
 
 __all__ = ["rank_view", "disagreement", "agree_on_inputs", "table_bytes", "check_memory",
            "available_memory"]
@@ -80,26 +81,31 @@ def agree_on_inputs(world: MPI.Intracomm, config: JobConfig, dataset: Dataset | 
         raise AgreedError(message, world)
 
 
-def table_bytes(config: JobConfig, sizes: Sequence[int]) -> int:
-    """Bytes of embedding rows (float32 weights and the row-wise optimizer's one float32
-    per row, the most the sparse optimizers keep) one holder keeps: every worker when
-    tables are replicated, one server's share otherwise."""
-    total = sum(int(n) for n in sizes) * (config.model.embedding_dim + 1) * 4
-    return total // max(1, config.ps.servers)
+def table_bytes(config: JobConfig, sizes: Sequence[int], workers: int) -> int:
+    """Bytes of embedding rows (float32 weights and the tables' optimizer state) one
+    holder keeps: every worker when tables are replicated, one server's share on parameter
+    servers, one worker's share when ``workers`` shard them (all-to-all)."""
+    dim = config.model.embedding_dim
+    row = dim + sparse_optimizer(config.train).state_width(dim)
+    total = sum(int(n) for n in sizes) * row * 4
+    if config.ps.servers:
+        return total // config.ps.servers
+    return total // workers if config.embeddings.layout(0) == "alltoall" else total
 
 
-def check_memory(config: JobConfig, sizes: Sequence[int], ranks_on_node: int,
+def check_memory(config: JobConfig, sizes: Sequence[int], workers: int, ranks_on_node: int,
                  available: int) -> None:
     """Refuse, before allocating, tables that cannot fit the node's available memory
     shared by its ``ranks_on_node`` holders (an OOM kill later ends the job without a
     message)."""
-    need = table_bytes(config, sizes) * ranks_on_node
+    need = table_bytes(config, sizes, workers) * ranks_on_node
     if need > available:
         raise ConfigError(f"data.table_sizes: {len(sizes)} tables of {sum(sizes):,} rows x "
                           f"model.embedding_dim = {config.model.embedding_dim} need "
                           f"{need / 2**30:.1f} GiB on this node ({ranks_on_node} holding ranks), "
                           f"{available / 2**30:.1f} GiB available; add parameter servers "
-                          f"(ps.servers) or shrink the tables")
+                          f"(ps.servers), shard the tables over the workers "
+                          f"(embeddings.mode = 'alltoall') or shrink the tables")
 
 
 def available_memory() -> int:

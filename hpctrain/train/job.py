@@ -100,7 +100,8 @@ class TrainingJob:
         self.layout = TableLayout.from_sizes(sizes, config.model.embedding_dim)
         with Wait("allreduce", topo.node):
             holders = topo.node.allreduce(int(topo.is_worker != bool(config.ps.servers)))
-        agree(topo.world, lambda: check_memory(config, sizes, holders, available_memory()))
+        agree(topo.world, lambda: check_memory(config, sizes, topo.workers, holders,
+                                               available_memory()))
         self.ps, self.models = None, None
         if config.ps.servers:
             served = self.layout

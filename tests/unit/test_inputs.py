@@ -29,12 +29,17 @@ def test_tables_that_cannot_fit_the_node_are_refused_before_allocation():
     from hpctrain.errors import ConfigError
     from hpctrain.train.inputs import check_memory, table_bytes
 
-    config = load_config(overrides=["data.table_sizes=[1000000000, 1000000000]"])
-    assert table_bytes(config, config.data.table_sizes) == 2 * 10**9 * 17 * 4
+    sizes = "data.table_sizes=[1000000000, 1000000000]"
+    config = load_config(overrides=[sizes])
+    assert table_bytes(config, config.data.table_sizes, 2) == 2 * 10**9 * 17 * 4
     with pytest.raises(ConfigError, match=r"data.table_sizes: 2 tables of 2,000,000,000 rows "
                                           r"x model.embedding_dim = 16 need 253.3 GiB on this "
                                           r"node \(2 holding ranks\), 64.0 GiB available"):
-        check_memory(config, config.data.table_sizes, 2, 64 * 2**30)
-    served = load_config(overrides=["data.table_sizes=[1000000000, 1000000000]",
-                                    "ps.servers=8"])
-    check_memory(served, served.data.table_sizes, 2, 64 * 2**30)  # 31.7 GiB: fits
+        check_memory(config, config.data.table_sizes, 2, 2, 64 * 2**30)
+    served = load_config(overrides=[sizes, "ps.servers=8"])
+    check_memory(served, served.data.table_sizes, 2, 2, 64 * 2**30)  # 31.7 GiB: fits
+    sharded = load_config(overrides=[sizes, "embeddings.mode='alltoall'"])
+    assert table_bytes(sharded, sharded.data.table_sizes, 8) == 2 * 10**9 * 17 * 4 // 8
+    check_memory(sharded, sharded.data.table_sizes, 8, 2, 64 * 2**30)  # 31.7 GiB: fits
+    adam = load_config(overrides=[sizes, "train.optimizer='adam'"])  # lazy Adam: 2 dim + 1
+    assert table_bytes(adam, adam.data.table_sizes, 2) == 2 * 10**9 * (16 + 33) * 4
