@@ -1,5 +1,6 @@
-"""The Slurm script's signal / checkpoint / requeue / resume flow, end to end, with stand-in
-``sbatch``, ``scontrol`` and ``srun`` shell scripts on ``PATH`` (``srun`` runs mpiexec)."""
+"""The Slurm and PBS scripts' signal / checkpoint / requeue / resume flows, end to end, with
+stand-in ``sbatch``, ``scontrol``, ``srun``, ``qsub``, ``qstat`` and ``qrerun`` shell scripts
+on ``PATH`` (``srun`` runs mpiexec)."""
 
 import json
 import os
@@ -78,3 +79,79 @@ def test_slurm_script_signals_checkpoints_requeues_and_resumes(tmp_path):
              (run_dir / "metrics.jsonl").read_text().splitlines() if '"train_loss"' in line]
     assert steps[-1] == 120 and len(set(steps)) == len(steps), steps  # resumed, not restarted
     assert Path(run_dir / "checkpoints").is_dir()
+
+
+QRERUN = """#!/bin/bash
+# stand-in qrerun: refused, as at sites where it needs operator privilege
+echo "qrerun: Unauthorized Request  $1" >&2
+exit 1
+"""
+QSTAT = """#!/bin/bash
+# stand-in qstat -f: the job's resources
+echo "    Resource_List.select = 1:ncpus=2:mpiprocs=2"
+echo "    Resource_List.walltime = 00:30:00"
+"""
+QSUB = """#!/bin/bash
+# stand-in qsub: queues the request (one argument a line) for the test to run, prints an id
+printf '%s\\n' "$@" > "$STATE/queued"
+echo 78.pbs01
+"""
+MPIEXEC_STANDIN = """#!/bin/bash
+exec "$MPIEXEC" "$@"
+"""
+
+
+def test_pbs_script_stops_with_a_checkpoint_and_a_new_job_resumes_it(tmp_path):
+    """PBS's SIGTERM before the walltime: the ranks stop with a checkpoint (exit 75);
+    qrerun is refused (operator privilege), so the script submits a new job of itself with
+    the same select, walltime and run directory, which resumes and finishes the run."""
+    import signal
+    import time
+
+    bin_dir, state, work = tmp_path / "bin", tmp_path / "state", tmp_path / "work"
+    for folder in (bin_dir, state, work / "jobs" / "pbs"):
+        folder.mkdir(parents=True)
+    for name, text in (("qrerun", QRERUN), ("qstat", QSTAT), ("qsub", QSUB),
+                       ("mpiexec", MPIEXEC_STANDIN)):
+        path = bin_dir / name
+        path.write_text(text)
+        path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    hpctrain = bin_dir / "hpctrain"
+    hpctrain.write_text(f'#!/bin/bash\nexec "{sys.executable}" -m hpctrain.cli "$@"\n')
+    hpctrain.chmod(hpctrain.stat().st_mode | stat.S_IEXEC)
+    script = work / "jobs" / "pbs" / "train.pbs"
+    script.write_text((ROOT / "jobs/pbs/train.pbs").read_text())
+    (work / "job.toml").write_text(
+        "[data]\ntrain_samples = 8000\neval_samples = 200\ntable_sizes = [50, 200, 1000]\n"
+        "[train]\nbatch_size = 32\nsteps = 120\nlog_every = 1\nprogress = false\n")
+    (work / "nodes").write_text("vm\nvm\n")
+    env = dict(child_env(), PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+               STATE=str(state), MPIEXEC=mpiexec(), PYTHONPATH=str(ROOT),
+               PBS_O_WORKDIR=str(work), PBS_NODEFILE=str(work / "nodes"),
+               PBS_JOBID="77.pbs01", JOB="job.toml")
+    first = subprocess.Popen(["bash", str(script)], cwd=work, env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    metrics = work / "runs/pbs-77/metrics.jsonl"
+    deadline = time.monotonic() + 200
+    while first.poll() is None and time.monotonic() < deadline and (
+            not metrics.exists() or len(metrics.read_text().splitlines()) < 5):
+        time.sleep(0.1)
+    first.send_signal(signal.SIGTERM)  # what PBS sends before the walltime
+    out, _ = first.communicate(timeout=200)
+    assert first.returncode == 75, out
+    assert "qrerun refused, submitted 78.pbs01 to resume runs/pbs-77" in out, out
+    queued = (state / "queued").read_text().splitlines()
+    assert queued == ["-v", "JOB=job.toml,HPCTRAIN_RUN_DIR=runs/pbs-77,HPCTRAIN_MAX_REQUEUES=3",
+                      "-l", "select=1:ncpus=2:mpiprocs=2", "-l", "walltime=00:30:00",
+                      "jobs/pbs/train.pbs"], queued
+    again = dict(env, PBS_JOBID="78.pbs01", **dict(kv.split("=", 1)
+                                                  for kv in queued[1].split(",")))
+    second = subprocess.run(["bash", queued[-1]], cwd=work, env=again, capture_output=True,
+                            text=True, timeout=300)
+    assert second.returncode == 0, second.stdout + second.stderr
+    run_dir = work / "runs/pbs-77"
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 120
+    steps = [json.loads(line)["step"] for line in
+             (run_dir / "metrics.jsonl").read_text().splitlines() if '"train_loss"' in line]
+    assert steps[-1] == 120 and len(set(steps)) == len(steps), steps  # resumed
+    assert (run_dir / ".requeues").read_text().strip() == "1"
