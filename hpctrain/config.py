@@ -529,6 +529,9 @@ def local_period(dense: str) -> int:
                       f"steps between parameter averages, as in 'local:4'")
 
 
+_SYNTHETIC_ROWS = 1 << 31  # row * multiplier (both below the table size) stays below 2**63
+
+
 def _check_inputs(job: JobConfig) -> None:
     """Inputs that would crash later (an empty list) or train on the wrong data."""
     m, d = job.model, job.data
@@ -538,6 +541,11 @@ def _check_inputs(job: JobConfig) -> None:
     if not d.table_sizes:
         raise ConfigError("data.table_sizes = []: needs at least one table (one per "
                           "categorical feature)")
+    too_big = [i for i, n in enumerate(d.table_sizes) if n > _SYNTHETIC_ROWS]
+    if d.source == "synthetic" and too_big:
+        raise ConfigError(f"data.table_sizes[{too_big[0]}] = {d.table_sizes[too_big[0]]:,}: the "
+                          f"synthetic generator shuffles rows by a multiplication in int64, "
+                          f"exact up to {_SYNTHETIC_ROWS:,} rows a table")
     if d.source == "criteo" and not d.eval_paths and d.eval_fraction == 0:
         raise ConfigError("data.eval_fraction = 0 with no data.eval_paths leaves no held-out "
                           "samples to evaluate; hold some out or name eval files")

@@ -139,6 +139,8 @@ def test_stage_cuts_are_checked(overrides, words):
      ["data.paths[1] = './a.h5' is also data.paths[0]", "read twice"]),
     (["data.source='hdf5'", "data.paths=['a.h5']", "data.eval_paths=['a.h5']"],
      ["data.eval_paths[0] = 'a.h5' is also data.paths[0]", "held-out data"]),
+    (["data.table_sizes=[10, 3000000000]"],
+     ["data.table_sizes[1] = 3,000,000,000", "exact up to 2,147,483,648 rows"]),
     (["data.source='criteo'", "data.paths=['a.txt']", "data.eval_fraction=0.0"],
      ["data.eval_fraction = 0 with no data.eval_paths", "no held-out samples"]),
 ])
