@@ -48,19 +48,25 @@ exec "$MPIEXEC" -n 2 "$@"
 """
 
 
-def test_slurm_script_signals_checkpoints_requeues_and_resumes(tmp_path):
-    bin_dir, state, work = tmp_path / "bin", tmp_path / "state", tmp_path / "work"
-    for folder in (bin_dir, state, work):
-        folder.mkdir()
-    for name, text in (("sbatch", SBATCH), ("scontrol", SCONTROL), ("srun", SRUN)):
+def stand_ins(tmp_path: Path, scripts: dict[str, str]) -> tuple[Path, dict[str, str]]:
+    """``bin/`` holding the stand-in ``scripts`` and an ``hpctrain`` command, an empty
+    ``state/`` folder for them, and the environment that puts ``bin/`` first on ``PATH``."""
+    bin_dir, state = tmp_path / "bin", tmp_path / "state"
+    bin_dir.mkdir()
+    state.mkdir()
+    hpctrain = f'#!/bin/bash\nexec "{sys.executable}" -m hpctrain.cli "$@"\n'
+    for name, text in {**scripts, "hpctrain": hpctrain}.items():
         path = bin_dir / name
         path.write_text(text)
         path.chmod(path.stat().st_mode | stat.S_IEXEC)
-    hpctrain = bin_dir / "hpctrain"
-    hpctrain.write_text(f'#!/bin/bash\nexec "{sys.executable}" -m hpctrain.cli "$@"\n')
-    hpctrain.chmod(hpctrain.stat().st_mode | stat.S_IEXEC)
-    env = dict(child_env(), PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-               STATE=str(state), MPIEXEC=mpiexec(), PYTHONPATH=str(ROOT))
+    return state, dict(child_env(), PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+                       STATE=str(state), MPIEXEC=mpiexec(), PYTHONPATH=str(ROOT))
+
+
+def test_slurm_script_signals_checkpoints_requeues_and_resumes(tmp_path):
+    state, env = stand_ins(tmp_path, {"sbatch": SBATCH, "scontrol": SCONTROL, "srun": SRUN})
+    work = tmp_path / "work"
+    work.mkdir()
     job = ["--set", "data.train_samples=8000", "--set", "data.eval_samples=200",
            "--set", "train.batch_size=32", "--set", "train.steps=120",
            "--set", "train.log_every=1", "--set", "train.progress=false",
@@ -108,27 +114,18 @@ def test_pbs_script_stops_with_a_checkpoint_and_a_new_job_resumes_it(tmp_path):
     import signal
     import time
 
-    bin_dir, state, work = tmp_path / "bin", tmp_path / "state", tmp_path / "work"
-    for folder in (bin_dir, state, work / "jobs" / "pbs"):
-        folder.mkdir(parents=True)
-    for name, text in (("qrerun", QRERUN), ("qstat", QSTAT), ("qsub", QSUB),
-                       ("mpiexec", MPIEXEC_STANDIN)):
-        path = bin_dir / name
-        path.write_text(text)
-        path.chmod(path.stat().st_mode | stat.S_IEXEC)
-    hpctrain = bin_dir / "hpctrain"
-    hpctrain.write_text(f'#!/bin/bash\nexec "{sys.executable}" -m hpctrain.cli "$@"\n')
-    hpctrain.chmod(hpctrain.stat().st_mode | stat.S_IEXEC)
+    state, env = stand_ins(tmp_path, {"qrerun": QRERUN, "qstat": QSTAT, "qsub": QSUB,
+                                      "mpiexec": MPIEXEC_STANDIN})
+    work = tmp_path / "work"
+    (work / "jobs" / "pbs").mkdir(parents=True)
     script = work / "jobs" / "pbs" / "train.pbs"
     script.write_text((ROOT / "jobs/pbs/train.pbs").read_text())
     (work / "job.toml").write_text(
         "[data]\ntrain_samples = 8000\neval_samples = 200\ntable_sizes = [50, 200, 1000]\n"
         "[train]\nbatch_size = 32\nsteps = 120\nlog_every = 1\nprogress = false\n")
     (work / "nodes").write_text("vm\nvm\n")
-    env = dict(child_env(), PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-               STATE=str(state), MPIEXEC=mpiexec(), PYTHONPATH=str(ROOT),
-               PBS_O_WORKDIR=str(work), PBS_NODEFILE=str(work / "nodes"),
-               PBS_JOBID="77.pbs01", JOB="job.toml")
+    env.update(PBS_O_WORKDIR=str(work), PBS_NODEFILE=str(work / "nodes"), PBS_JOBID="77.pbs01",
+               JOB="job.toml")
     first = subprocess.Popen(["bash", str(script)], cwd=work, env=env, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     metrics = work / "runs/pbs-77/metrics.jsonl"
