@@ -173,6 +173,7 @@ def affinity() -> frozenset[int]:
 
 
 def available_cores() -> int:
+    """How many cores :func:`affinity` allows."""
     return len(affinity())
 
 

@@ -238,9 +238,8 @@ def _tiered(config: JobConfig, topo: Topology, layout: TableLayout, client: PSCl
     tc = config.tiering
     bounds = [m.bound for m in models or [] if m.bound is not None]
     staleness = 0 if carry_rows else (min(bounds) if bounds else (None if models else 0))
-    # (None: all ASP)
-    # a row under a staleness bound above 0 also costs the base copy, the accumulated
-    # gradient and a flag: a byte budget counts them
+    # (None: all ASP.) A row under a staleness bound above 0 also costs the base copy, the
+    # accumulated gradient and a flag: a byte budget counts them.
     row = hot_row_bytes(layout.dim, sparse.state_width(layout.dim), staleness != 0)
     capacity = hot_capacity(tc.budget, tc.budget_unit, layout.total_rows, row)
     if capacity == 0:

@@ -401,9 +401,12 @@ class Trainer:
             communicators(self.topo).release(self.parts.group)
 
     def finish(self, summary: Summary) -> None:
-        """Write the summary into the run directory (worker 0)."""
+        """Write the summary into the run directory (worker 0) when the run is complete: a
+        run stopped by a signal has none, so a sweep resumes it instead of counting it
+        finished."""
         if self.run:
-            self.run.write_json("summary.json", summary.as_dict())
+            if not summary.stopped_at:
+                self.run.write_json("summary.json", summary.as_dict())
             self.run.close()
 
     def _log_heldout(self, step: int, samples: int, elapsed: float) -> None:

@@ -260,6 +260,7 @@ def test_sigusr1_stops_with_a_checkpoint_and_the_resumed_run_is_bitwise_equal(tm
     # the grace period goes to the checkpoint and the exit, not to a final evaluation
     assert "not run (stopped before the last step" in out, out
     assert "eval_log_loss" not in (run_dir / "metrics.jsonl").read_text()
+    assert not (run_dir / "summary.json").exists()  # not finished: a sweep resumes it
     resume(run_dir, 2)
     assert_identical(final_state(run_dir, steps), final_state(tmp_path / "whole", steps))
 
