@@ -193,13 +193,16 @@ class TieredStore(EmbeddingStore):
         self.cold.prefetch(rows[~self.hot.locate(rows)[0]], ahead)
 
     def observe(self, rows: np.ndarray, counts: np.ndarray) -> None:
+        """Count the lookups per table and hits, and keep the rows for the next re-tiering
+        (not when every row is hot: no re-tiering would ever merge them)."""
         hot = self.hot.locate(rows)[0]
         tables = self.layout.table_of(rows)
         size = len(self.layout.specs)
         self._recent[0] += np.bincount(tables, weights=counts, minlength=size).astype(np.int64)
         self._recent[1] += np.bincount(tables[hot], weights=counts[hot],
                                        minlength=size).astype(np.int64)
-        self._seen.append((rows, counts, self.step))
+        if not self.everything_hot:
+            self._seen.append((rows, counts, self.step))
 
     def warm_start(self, chunks: Iterable[tuple[np.ndarray, np.ndarray]]) -> None:
         """Count lookups seen outside training, ``(unique rows, counts)`` chunks of a scan of
@@ -331,8 +334,9 @@ class TieredStore(EmbeddingStore):
             stats.carried_syncs = self.rider.applied
             stats.sync_bytes = int(self.rider.applied * 2 * (workers - 1) / workers
                                    * self.rider.segment_bytes())
-        if self._oracle is not None:
-            stats.oracle_hit_rate = self._oracle.hit_rate(stats.capacity)
+        if self._oracle is not None:  # every row hot: so would the best static set be
+            stats.oracle_hit_rate = 1.0 if self.everything_hot else \
+                self._oracle.hit_rate(stats.capacity)
         return stats
 
     # -- internals -----------------------------------------------------------------------------

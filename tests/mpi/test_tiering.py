@@ -98,6 +98,7 @@ def tiered_rounds(topo, layout, servers, capacity, examples, kind="sgd", stalene
         own.append(own[-1] - lr * step)
 
     one_round()
+    kept = len(store._seen)  # lookups kept for the next re-tiering
     with store.consistent_reads():  # as an evaluation reads: every update, hot and cold
         np.testing.assert_allclose(store.pull(np.arange(layout.total_rows)), reference.weight,
                                    rtol=1e-5, atol=1e-6)
@@ -111,8 +112,11 @@ def tiered_rounds(topo, layout, servers, capacity, examples, kind="sgd", stalene
     assert all(r == replicas[0] for r in replicas), "hot replicas differ"
     if capacity < layout.total_rows:
         assert stats.retiers > 4 and stats.rows_promoted > 10 and stats.rows_demoted > 5, stats
-    else:  # a budget over the tables: every row hot from the start, never a cold pull
+    else:  # a budget over the tables: every row hot from the start, never a cold pull,
+        # and no lookup kept for a re-tiering that never comes (memory stays bounded)
         assert len(store.hot) == layout.total_rows and stats.rows_cold == 0, stats
+        assert not kept and stats.hit_rate == 1.0 and stats.lookups > 0, stats
+        assert topo.role_comm.Get_rank() != 0 or stats.oracle_hit_rate == 1.0, stats
     assert len(store.hot) <= capacity and stats.resident_bytes <= stats.budget_bytes
     assert (topo.role_comm.allreduce(lagged[0]) > 0) == (staleness > 0), "stale reads?"
     client.close()
