@@ -86,6 +86,7 @@ class _Pending:
     parts: list[tuple[np.ndarray, np.ndarray, MPI.Request]]  # reply, positions, receive
     sends: list[tuple[MPI.Request, np.ndarray]]
     servers: tuple[int, ...] = ()  # ranks asked
+    step: int = 0  # the clock whose read it is
 
 
 class PSClient(BackingStore):
@@ -130,8 +131,10 @@ class PSClient(BackingStore):
     def pull(self, rows: np.ndarray) -> np.ndarray:
         if self._consistent:
             return self.read(rows)[:, : self.dim]
+        while self._prefetched and self._prefetched[0].step < self.clock:  # for a step gone
+            self._complete(self._prefetched.pop(0))  # by unread (a re-tiering changed rows)
         for i, pending in enumerate(self._prefetched):
-            if np.array_equal(pending.rows, rows):
+            if pending.step == self.clock and np.array_equal(pending.rows, rows):
                 self.stats.prefetch_hits += 1
                 return self._complete(self._prefetched.pop(i))
         return self._complete(self._send_pull(rows, self.clock, 0, Op.PULL))
@@ -235,7 +238,7 @@ class PSClient(BackingStore):
         if len(rows) and not bool(np.all(rows[1:] > rows[:-1])):
             raise ValueError(f"{op.name.lower()} needs sorted unique rows")
         width = self.dim + (self.state_width if op == Op.READ else 0)
-        pending = _Pending(rows, op, width, [], [])
+        pending = _Pending(rows, op, width, [], [], step=step)
         for index, _, tables, counts, ids, positions in self._split(rows, by_model=True):
             seq = self._next_seq()
             reply = np.empty(reply_capacity(len(ids), width), dtype=np.uint8)

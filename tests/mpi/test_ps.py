@@ -73,6 +73,23 @@ def test_no_lost_updates_and_bad_ids(mpi_ranks):
 
     one_round()
     assert client.clock == rounds[0] > 5
+
+    def push_rows(rows: np.ndarray) -> None:
+        topo.role_comm.Barrier()  # as above
+        client.push(rows, gradient(rounds[0], me, rows), lr=1.0)
+        for worker in range(topo.workers):
+            np.subtract.at(expected, rows, gradient(rounds[0], worker, rows))
+        rounds[0] += 1
+
+    # A prefetch left unread at its step (a re-tiering changed the cold rows) is not served
+    # at a later step: it holds the rows as they were then.
+    rows = np.arange(10, 20, dtype=np.int64)
+    client.prefetch(rows, ahead=1)
+    push_rows(rows)
+    np.testing.assert_allclose(client.pull(rows + 100), expected[rows + 100], rtol=1e-5,
+                               atol=1e-6)
+    push_rows(rows)
+    np.testing.assert_allclose(client.pull(rows), expected[rows], rtol=1e-5, atol=1e-6)
     everything = np.arange(layout.total_rows)
     np.testing.assert_allclose(client.pull(everything), expected, rtol=1e-5, atol=1e-5)
     if me == 0:
