@@ -83,12 +83,16 @@ def build_report(runs: list[Run], metric: str = "heldout", target: float | None 
                        "n": len(members), "runs": per_run,
                        "metrics": {m: _aggregate([p[m] for p in per_run]) for m in METRICS},
                        "curves": _bands([curves[r.path] for r in members])})
-    base = _baseline(groups, baseline)
+    first = tuple(runs[0].config.get(k) for k in keys)  # the first run's group, the default
+    default = groups[list(grouped).index(first)] if first in grouped else groups[0]
+    warnings = [] if baseline or first in grouped else [
+        f"the first run's group has no finished run; ratios to {default['name']}"]
+    base = _baseline(groups, baseline, default)
     for group in groups:
         if group is not base:
             group["vs_baseline"] = {m: _compare(group, base, m) for m in METRICS}
-    warnings = [f"group {g['name']}: {g['n']} run(s); fewer than 3 give a weak interval"
-                for g in groups if g["n"] < 3]
+    warnings += [f"group {g['name']}: {g['n']} run(s); fewer than 3 give a weak interval"
+                 for g in groups if g["n"] < 3]
     warnings += [f"{r.path} was resumed: its clock restarted at the resume, so its times to "
                  f"target and samples/s do not compare" for r in done if r.meta.get("resumes")]
     return {"metric": metric, "target_loss": target, "target_source": target_source,
@@ -202,11 +206,13 @@ def _compare(group: dict[str, Any], base: dict[str, Any], metric: str) -> dict[s
     return {**ratio.as_dict(), "verdict": stats.verdict(ratio, lower, higher)}
 
 
-def _baseline(groups: list[dict[str, Any]], baseline: str | None) -> dict[str, Any]:
+def _baseline(groups: list[dict[str, Any]], baseline: str | None,
+              default: dict[str, Any]) -> dict[str, Any]:
     """The group ``baseline`` names: ``KEY=VALUE``, or several joined by commas
-    (``train.zero=0,comm.bucket_kib=512``) where the groups differ in more than one key."""
+    (``train.zero=0,comm.bucket_kib=512``) where the groups differ in more than one key;
+    ``default`` without one."""
     if baseline is None:
-        return groups[0]
+        return default
     wanted = {}
     for pair in re.split(r",\s*(?=[\w.]+=)", baseline):
         key, sep, value = pair.partition("=")

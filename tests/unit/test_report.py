@@ -179,3 +179,23 @@ def test_baseline_names_a_group_by_several_keys(tmp_path):
     report = build_report(runs, baseline="sync.model=ssp:4, train.zero=1")
     assert report["baseline"] == "sync.model=ssp:4, train.zero=1"
     assert len([g for g in report["groups"] if "vs_baseline" in g]) == 3
+
+
+def test_the_default_baseline_is_the_first_runs_group_even_when_that_run_failed(tmp_path):
+    """compare-sync's first model is the baseline: a failed first repeat of it must not
+    make the next model's group the baseline (the ratios would flip)."""
+    make_run(tmp_path / "a-bsp-0", 20, ["sync.model='bsp'"], seed=0, finished=False)
+    for i in range(3):
+        make_run(tmp_path / f"b-asp-{i}", 40, ["sync.model='asp'"], seed=i)
+    for i in range(1, 4):
+        make_run(tmp_path / f"c-bsp-{i}", 20, ["sync.model='bsp'"], seed=i)
+    report = build_report(find_runs([str(tmp_path)]), target=0.5)
+    assert report["baseline"] == "sync.model=bsp"
+    asp = next(g for g in report["groups"] if g["name"] == "sync.model=asp")
+    assert asp["vs_baseline"]["samples_per_s"]["verdict"] == "faster"
+    for i in range(1, 4):  # no bsp run finished: the first group is the baseline, said so
+        (tmp_path / f"c-bsp-{i}" / "summary.json").unlink()
+        make_run(tmp_path / f"d-ssp-{i}", 30, ["sync.model='ssp:4'"], seed=i)
+    alone = build_report(find_runs([str(tmp_path)]), target=0.5)
+    assert alone["baseline"] == "sync.model=asp"
+    assert "the first run's group has no finished run" in alone["warnings"][0]
