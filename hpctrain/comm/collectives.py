@@ -201,9 +201,11 @@ def _identity(buf: Buffer) -> Any:
 def _prepare(primitive: str, buf: Buffer, op: str, root: int, group: Group,
              algorithm: str) -> tuple[Any, ...] | None:
     """Check ``buf`` and choose the algorithm; ``None`` when the call was served by
-    staging a CUDA tensor through host memory (no NCCL)."""
+    staging a CUDA tensor through host memory (without NCCL, or for a primitive NCCL's
+    algorithm does not serve: ZeRO's allgather and reduce-scatter)."""
     arr, dtype, device = as_storage(buf, primitive)
-    if device != "cpu" and not torchdist.available("nccl"):
+    if device != "cpu" and (not torchdist.available("nccl")
+                            or primitive not in torchdist.TorchDist.primitives):
         host = arr.cpu()
         _run(primitive, host, op, root, group, algorithm)
         arr.copy_(host)

@@ -94,6 +94,10 @@ class DenseOptimizer:
     @torch.no_grad()
     def step(self, lr: float) -> None:
         """One update from the parameters' ``.grad`` (clipped first with ``clip_norm``)."""
+        if not self.params:  # a ZeRO worker whose chunk is empty: only the count moves on
+            if self._steps is not None:
+                self._steps += 1
+            return
         if self.clip_norm > 0:
             self.last_norm = clip_grad_norm(self.params, self.clip_norm)
         grads = [p.grad for p in self.params]

@@ -8,6 +8,7 @@ from hpctrain.config import TrainConfig, load_config
 from hpctrain.errors import ConfigError
 from hpctrain.train import checkpointing
 from hpctrain.train.optim import (
+    DENSE_OPTIMIZERS,
     DenseOptimizer,
     clip_grad_norm,
     dense_table_optimizer,
@@ -259,3 +260,15 @@ def test_the_tables_keep_row_wise_adagrad_beside_a_per_value_dense_table():
     assert dense_table_optimizer(tc).kind == "adagrad_values"
     load_config(None, ["ps.servers=1", "ps.mode='full'", "train.optimizer='adam'",
                        "train.sparse_optimizer='adagrad'"])  # one optimizer each, no refusal
+
+
+@pytest.mark.parametrize("kind", DENSE_OPTIMIZERS)
+def test_an_empty_shard_steps_without_a_parameter(kind):
+    """A ZeRO worker whose chunk holds no element (fewer elements than workers) steps like
+    the others: nothing to update, but Adam's step count, which every worker's shard
+    carries, moves on."""
+    empty = DenseOptimizer([], kind)
+    empty.step(0.1)
+    empty.step(0.1)
+    if kind in ("adam", "adamw", "lamb"):
+        assert float(empty.state[-1]) == 2.0
