@@ -204,9 +204,10 @@ def build_topology(config: JobConfig, base: MPI.Intracomm | None = None) -> Topo
     rc = config.runtime
     if base == MPI.COMM_WORLD:
         watchdog.watch(world, rc.watchdog_warn_s, rc.watchdog_abort_s)
+    mine = affinity()
     with watching("allgather", node):
-        masks = node.allgather(affinity())
-    threads = threads_per_rank(affinity(), masks, config.runtime.threads)
+        masks = node.allgather(mine)
+    threads = threads_per_rank(mine, masks, config.runtime.threads)
     torch.set_num_threads(threads)
     device = _select_device(config.runtime.device, node.Get_rank())
     backend = par.backend if par.backend != "auto" else (
