@@ -43,8 +43,8 @@ from embeddings.tables import LocalTables, TableLayout, init_rows
 from embeddings.types import EmbeddingStore, RowSink, RowSource
 from embeddings.worker_sharding import WorkerPlacement, WorkerPlan
 from hpctrain.comm.alltoall import alltoallv, exchange_counts
+from hpctrain.comm.bytecopy import copy_bytes
 from hpctrain.comm.group import Group
-from hpctrain.comm.window import copy_bytes
 from hpctrain.errors import EmbeddingError
 from hpctrain.runtime.topology import shard_range
 

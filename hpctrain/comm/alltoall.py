@@ -12,10 +12,13 @@ bytes of the whole exchange:
 - ``shm`` (one node only): every rank copies what it sends the others into its row of the
   node's shared scratch window and its own segment straight to its output, one flag
   synchronisation, then every rank copies its segments out of the others' rows: two copies
-  per byte that moves, no MPI message, and all of it in one numba call (``memcpy`` and
-  fences, :func:`~hpctrain.comm.window.flags_reached`) unless a rank is late; from a few
-  hundred KiB between two ranks it goes piece by piece through four slots (a pair of flags
-  per piece), so the window side of both copies stays in cache;
+  per byte that moves, no MPI message, and all of it in one numba call (fences,
+  :func:`~hpctrain.comm.window.flags_reached`) unless a rank is late. The copies into the
+  window are streaming stores (:func:`~hpctrain.comm.bytecopy.stream_bytes`), which need
+  not take each line back from the core that read it last (2-core VM, 2 ranks: 0.46-0.6x
+  the time of plain stores from 16 KiB, and faster whole than piece by piece at every size
+  to 16 MiB); a rank that sends more than 16 MiB goes piece by piece through four slots (a
+  pair of flags per piece), so the window stays bounded;
 - ``native``: ``MPI_Alltoallv`` itself, the baseline.
 
 Under ``comm.emulate`` the pairwise messages go through the group's
@@ -42,8 +45,9 @@ import numba
 import numpy as np
 from mpi4py import MPI
 
+from hpctrain.comm.bytecopy import copy_bytes, stream_bytes
 from hpctrain.comm.types import Cost, CostParams, Layout, Link
-from hpctrain.comm.window import copy_bytes, flags_reached, publish_flag
+from hpctrain.comm.window import flags_reached, publish_flag
 from hpctrain.errors import CommError
 from hpctrain.runtime.waits import Wait
 
@@ -64,7 +68,10 @@ class Matrix:
 
     def __init__(self, counts: np.ndarray, rank: int = 0, row: int = 1) -> None:
         self.counts, self.rank, self.row = counts, rank, row
-        self.info = _describe(counts, row, rank)
+        # allocated here: a numba function's returned array costs 0.6 us to box, its
+        # argument's 0.1
+        self.info = np.empty(_HEAD + 6 * counts.shape[0] + 2, np.int64)
+        _describe(counts, row, rank, self.info)
 
     @property
     def size(self) -> int:
@@ -107,6 +114,12 @@ class Matrix:
         return int(self.info[_HEAD + 2 * self.size + 1])
 
     @property
+    def pipelined(self) -> bool:
+        """Whether :class:`SharedMemory` goes piece by piece: when a rank sends more than
+        ``_WHOLE_BYTES``."""
+        return bool(self.info.item(7))
+
+    @property
     def segments(self) -> tuple[np.ndarray, ...]:
         """For :attr:`rank`: the offsets of its send and receive segments (``p + 1`` each,
         in bytes, rank order), their lengths (``p`` each), and where its segment starts
@@ -114,16 +127,33 @@ class Matrix:
         p, info = self.size, self.info
         return (info[_HEAD:_HEAD + p + 1], info[_HEAD + p + 1:_HEAD + 2 * p + 2],
                 info[_HEAD + 2 * p + 2:_HEAD + 3 * p + 2],
-                info[_HEAD + 3 * p + 2:_HEAD + 4 * p + 2], info[_HEAD + 4 * p + 2:])
+                info[_HEAD + 3 * p + 2:_HEAD + 4 * p + 2],
+                info[_HEAD + 4 * p + 2:_HEAD + 5 * p + 2])
 
 
-_HEAD = 7  # the five maxima, the size class and the largest segment precede the segments
+# The five maxima, the size class, the largest segment and the piece-by-piece flag precede
+# the segments; the received row counts follow them.
+_HEAD = 8
+
+
+_SLOT_BYTES = 512 << 10  # one slot of a rank's row: a piece of each of its p segments
+_MIN_PIECE = 16 << 10
+_SLOTS = 4
+# A whole exchange holds all a rank sends in its row of the window (twice: two halves); a
+# rank that sends more goes piece by piece through slots, so the window stays bounded.
+_WHOLE_BYTES = 16 << 20
+
+
+def _piece(ranks: int) -> int:
+    """Bytes of one segment a rank copies in per step of the pipeline (128 KiB at 4 ranks),
+    so that a rank's slots stay cache-sized however many ranks share the node."""
+    return max(_MIN_PIECE, _SLOT_BYTES // ranks // 64 * 64)
 
 
 @numba.njit(cache=True)
-def _describe(counts, row, rank):  # one numba pass: numpy's reductions cost microseconds each
+def _describe(counts, row, rank, info):  # one pass: numpy's reductions cost microseconds each
     p = counts.shape[0]
-    info = np.zeros(_HEAD + 5 * p + 2, np.int64)
+    info[:] = 0
     through = across = kept = rounds = most = largest = 0
     for r in range(p):
         sent = received = 0
@@ -155,6 +185,7 @@ def _describe(counts, row, rank):  # one numba pass: numpy's reductions cost mic
             key |= bits << (7 * i)
     info[5] = key
     info[6] = largest * row
+    info[7] = most * row > _WHOLE_BYTES
     sent_at, received_at, lengths, starts = _HEAD, _HEAD + p + 1, _HEAD + 2 * p + 2, \
         _HEAD + 4 * p + 2
     for j in range(p):
@@ -162,9 +193,9 @@ def _describe(counts, row, rank):  # one numba pass: numpy's reductions cost mic
         info[received_at + j + 1] = info[received_at + j] + counts[j, rank] * row
         info[lengths + j] = counts[rank, j] * row
         info[lengths + p + j] = counts[j, rank] * row
+        info[_HEAD + 5 * p + 2 + j] = counts[j, rank]
         for k in range(rank):
             info[starts + j] += counts[j, k] * row
-    return info
 
 
 class Exchange(ABC):
@@ -181,8 +212,9 @@ class Exchange(ABC):
 
     @abstractmethod
     def run(self, send: np.ndarray, out: np.ndarray, matrix: Matrix, group: Group) -> None:
-        """Move the bytes: ``send`` and ``out`` are flat ``uint8`` views, segments in rank
-        order with lengths ``matrix.bytes[rank, :]`` and ``matrix.bytes[:, rank]``."""
+        """Move the bytes: ``send`` and ``out`` are C-contiguous arrays (any dtype and
+        shape) whose bytes are the segments in rank order, with lengths
+        ``matrix.bytes[rank, :]`` and ``matrix.bytes[:, rank]``."""
 
 
 def _latency(alpha: float, layout: Layout, params: CostParams) -> float:
@@ -215,6 +247,7 @@ class Pairwise(Exchange):
     def run(self, send: np.ndarray, out: np.ndarray, matrix: Matrix, group: Group) -> None:
         comm, p, r = group.link, group.size, group.rank
         so, ro, *_ = matrix.segments
+        send, out = _bytes(send), _bytes(out)
         out[ro[r]:ro[r + 1]] = send[so[r]:so[r + 1]]
         for k in range(1, p):
             dst, src = (r + k) % p, (r - k) % p
@@ -241,14 +274,14 @@ class SharedMemory(Exchange):
                     transfer_s=near.beta * matrix.maxima[0])
 
     def run(self, send: np.ndarray, out: np.ndarray, matrix: Matrix, group: Group) -> None:
-        if _pipelined(matrix):
+        if matrix.pipelined:
             _exchange_pipelined(send, out, matrix, group)
             return
-        arena = group.arena(int(matrix.info[4]))
+        arena = group.arena(matrix.info.item(4))
         base = arena.head + arena.next_half() * arena.row_bytes
         value = arena.next_value()
         if not _shm_exchange(send, out, arena.mem, arena.words, matrix.info, group.rank,
-                             arena.chunk, base, value, group.spin):
+                             arena.chunk, base, value, arena.polls):
             arena.wait(value)  # the others are late: wait yielding the core
             _copy_out(out, arena.mem, matrix.info, group.rank, arena.chunk, base)
 
@@ -258,10 +291,10 @@ def _shm_exchange(send, out, mem, words, info, rank, chunk, base, value, polls):
     """Copy what ``send`` holds for the others into this rank's row (its own segment
     straight to ``out``), publish, poll the others' flags ``polls`` times and, if all
     arrived, copy this rank's segments out: ``True`` when done."""
-    p = (info.size - _HEAD - 2) // 5
+    p = (info.size - _HEAD - 2) // 6
     lo, hi = info[_HEAD + rank], info[_HEAD + rank + 1]
-    copy_bytes(mem, rank * chunk + base, send, 0, lo)
-    copy_bytes(mem, rank * chunk + base + hi, send, hi, send.size - hi)
+    stream_bytes(mem, rank * chunk + base, send, 0, lo)
+    stream_bytes(mem, rank * chunk + base + hi, send, hi, send.nbytes - hi)
     publish_flag(words, chunk // 8, rank, value, 0)
     copy_bytes(out, info[_HEAD + p + 1 + rank], send, lo, hi - lo)
     if not flags_reached(words, chunk // 8, p, value, polls, 0):
@@ -274,29 +307,12 @@ def _shm_exchange(send, out, mem, words, info, rank, chunk, base, value, polls):
 def _copy_out(out, mem, info, rank, chunk, base):
     """Copy this rank's segments out of the other senders' rows (after the flags say all
     are in)."""
-    p = (info.size - _HEAD - 2) // 5
+    p = (info.size - _HEAD - 2) // 6
     received, starts = _HEAD + p + 1, _HEAD + 4 * p + 2
     for k in range(p):
         lo, hi = info[received + k], info[received + k + 1]
         if hi > lo and k != rank:
             copy_bytes(out, lo, mem, k * chunk + base + info[starts + k], hi - lo)
-
-
-_SLOT_BYTES = 512 << 10  # one slot of a rank's row: a piece of each of its p segments
-_MIN_PIECE = 16 << 10
-_SLOTS = 4
-
-
-def _piece(ranks: int) -> int:
-    """Bytes of one segment a rank copies in per step of the pipeline (128 KiB at 4 ranks),
-    so that a rank's slots stay cache-sized however many ranks share the node."""
-    return max(_MIN_PIECE, _SLOT_BYTES // ranks // 64 * 64)
-
-
-def _pipelined(matrix: Matrix) -> bool:
-    """Whether :class:`SharedMemory` goes piece by piece: from ``_SLOTS`` pieces between
-    two ranks."""
-    return matrix.largest >= _SLOTS * _piece(matrix.size)
 
 
 def _exchange_pipelined(send: np.ndarray, out: np.ndarray, matrix: Matrix,
@@ -312,7 +328,7 @@ def _exchange_pipelined(send: np.ndarray, out: np.ndarray, matrix: Matrix,
     at = arena.head + arena.next_half() * arena.row_bytes
     state = np.zeros(2, np.int64)
     while not _pipeline(send, out, arena.mem, arena.words, matrix.info, group.rank,
-                        arena.chunk, at, piece, steps, value, state, arena.spin):
+                        arena.chunk, at, piece, steps, value, state, arena.polls):
         step, stage = int(state[0]), int(state[1])  # stage 0 waits on flag 2, 1 on flag 1
         arena.wait(value + step - (_SLOTS if stage == 0 else 0), slot=2 - stage)
 
@@ -325,7 +341,7 @@ def _pipeline(send, out, mem, words, info, rank, chunk, at, piece, steps, value,
     when every rank's flag 1 says so, copy piece ``c`` of every segment sent to this rank out
     of the senders' slots and publish flag 2. ``False`` when a flag was not reached within
     ``polls`` polls: ``state`` holds the (step, stage) to wait in and go on from."""
-    p = (info.size - _HEAD - 2) // 5
+    p = (info.size - _HEAD - 2) // 6
     sent_at, received_at = _HEAD, _HEAD + p + 1
     c, stage = state[0], state[1]
     if c == 0 and stage == 0:
@@ -343,7 +359,7 @@ def _pipeline(send, out, mem, words, info, rank, chunk, at, piece, steps, value,
                 lo = info[sent_at + j] + c * piece
                 n = min(info[sent_at + j + 1] - lo, piece)
                 if j != rank and n > 0:
-                    copy_bytes(mem, rank * chunk + slot + j * piece, send, lo, n)
+                    stream_bytes(mem, rank * chunk + slot + j * piece, send, lo, n)
             publish_flag(words, stride, rank, value + c, 1)
             stage = 1
         if not flags_reached(words, stride, p, value + c, polls, 1):
@@ -379,7 +395,8 @@ class NativeAlltoallv(Exchange):
     def run(self, send: np.ndarray, out: np.ndarray, matrix: Matrix, group: Group) -> None:
         so, ro, sc, rc, _ = matrix.segments
         started = time.perf_counter()
-        group.comm.Alltoallv([send, sc, so[:-1], MPI.BYTE], [out, rc, ro[:-1], MPI.BYTE])
+        group.comm.Alltoallv([_bytes(send), sc, so[:-1], MPI.BYTE],
+                             [_bytes(out), rc, ro[:-1], MPI.BYTE])
         if group.link.emulating:
             group.link.library(started, _busiest_across(matrix, group.link.nodes),
                                matrix.size - 1)
@@ -420,7 +437,7 @@ def _chosen(matrix: Matrix, group: Group, algorithm: str) -> Exchange:
     itself. Every rank sees the same matrices in the same order, so all remember alike."""
     if algorithm != "auto":
         return choose_exchange(matrix, group.layout, group.params, algorithm)
-    key = ("alltoallv", matrix.size_class)
+    key = ("alltoallv", matrix.info.item(5))
     chosen = group.plans.get(key)
     if chosen is None:
         chosen = group.plans[key] = choose_exchange(matrix, group.layout, group.params)
@@ -430,16 +447,20 @@ def _chosen(matrix: Matrix, group: Group, algorithm: str) -> Exchange:
 def compile_kernels() -> None:
     """Run the exchange's numba passes once, on one rank's worth of dummy data with the
     argument types of a real exchange (matrices from :func:`exchange_counts` are strided
-    views), so that the first exchange of a run does not compile them."""
+    views; the arrays the all-to-all store and the benchmarks exchange: bytes, ids, flat
+    and row-shaped float32), so that the first exchange of a run does not compile them."""
     for counts in (np.ones((1, 1), np.int64), np.ones((2, 3), np.int64)[:, :-1]):
-        _describe(counts, 8, 0)
+        Matrix(counts, 0, 8)
         _counts_fit(counts[0], 1, 1)
-    info = _describe(np.ones((1, 1), np.int64), 8, 0)
-    mem, out = np.zeros(128, np.uint8), np.zeros(8, np.uint8)
-    _shm_exchange(np.zeros(8, np.uint8), out, mem, mem.view(np.int64), info, 0, 128, 64, 1, 0)
-    _copy_out(out, mem, info, 0, 128, 64)
-    _pipeline(np.zeros(8, np.uint8), out, mem, mem.view(np.int64), info, 0, 128, 64, 8, 0, 1,
-              np.zeros(2, np.int64), 0)
+    info = Matrix(np.ones((1, 1), np.int64), 0, 8).info  # one rank, one row of 8 bytes
+    mem = np.zeros(128, np.uint8)
+    for send in (np.zeros(8, np.uint8), np.zeros(1, np.int64), np.zeros(2, np.float32),
+                 np.zeros((1, 2), np.float32)):
+        out = np.zeros_like(send)
+        _shm_exchange(send, out, mem, mem.view(np.int64), info, 0, 128, 64, 1, 0)
+        _copy_out(out, mem, info, 0, 128, 64)
+        _pipeline(send, out, mem, mem.view(np.int64), info, 0, 128, 64, 8, 0, 1,
+                  np.zeros(2, np.int64), 0)
 
 
 def exchange_counts(counts: np.ndarray, group: Group, extra: int = 0
@@ -464,31 +485,38 @@ def alltoallv(send: np.ndarray, counts: np.ndarray, *, comm: Group, algorithm: s
     matrix when the caller already exchanged it (:func:`exchange_counts`).
 
     A small exchange is a few microseconds of work, so the Python around it is kept to a
-    handful of calls (one numba check of the counts, one description of the matrix)."""
+    handful of calls (one numba check of the counts, one description of the matrix that
+    also holds the received counts and sizes) and no attribute or view it can do without."""
     group = comm
-    send = np.ascontiguousarray(send)
+    if not send.flags.c_contiguous:
+        send = np.ascontiguousarray(send)
     counts = np.asarray(counts, np.int64)
-    if counts.ndim != 1 or not _counts_fit(counts, group.size, len(send)):
+    p = group.size
+    if counts.ndim != 1 or not _counts_fit(counts, p, len(send)):
         raise CommError(f"alltoallv: rank {group.rank} passed {counts.size} counts summing "
-                        f"to {counts.sum()} for {len(send)} rows; need {group.size} "
+                        f"to {counts.sum()} for {len(send)} rows; need {p} "
                         f"non-negative counts summing to the rows")
     if matrix is None:
         matrix = exchange_counts(counts, group)[0]
     flat = send.ndim == 1
     row = send.itemsize if flat else send.itemsize * math.prod(send.shape[1:])
     m = Matrix(matrix, group.rank, row)
-    recv = matrix[:, group.rank].copy()
-    rows = m.received // row if row else int(recv.sum())
+    recv = m.info[_HEAD + 5 * p + 2:]  # the rows from each rank
+    rows = m.info.item(_HEAD + 2 * p + 1) // row if row else int(recv.sum())
     out = np.empty(rows if flat else (rows, *send.shape[1:]), send.dtype)
-    if group.size == 1:
+    if p == 1:
         out[:] = send
         return out, recv
-    algo = _chosen(m, group, algorithm)
-    if flat:
-        algo.run(send.view(np.uint8), out.view(np.uint8), m, group)
-    else:
-        algo.run(send.reshape(-1).view(np.uint8), out.reshape(-1).view(np.uint8), m, group)
+    _chosen(m, group, algorithm).run(send, out, m, group)
     return out, recv
+
+
+_BYTE = np.dtype(np.uint8)
+
+
+def _bytes(a: np.ndarray) -> np.ndarray:
+    """A contiguous array's bytes, flat."""
+    return a.view(_BYTE) if a.ndim == 1 else a.reshape(-1).view(_BYTE)
 
 
 @numba.njit(cache=True)

@@ -19,7 +19,6 @@ from hpctrain.comm import kernels
 from hpctrain.comm.algorithm import Algorithm
 from hpctrain.comm.types import OP_KERNEL, Cost, CostParams, Layout, Request, chunk_bounds
 from hpctrain.comm.window import (
-    Window,
     allreduce_pipelined,
     allreduce_resident,
     allreduce_slices,
@@ -46,10 +45,6 @@ def small_limit(layout: Layout, params: CostParams) -> float:
 def sync_cost(layout: Layout, params: CostParams) -> float:
     """Seconds of one flag synchronisation (longer when a peer may be descheduled)."""
     return params.shm.alpha * (params.oversubscribed if layout.oversubscribed else 1.0)
-
-
-def _copy_in(arr: np.ndarray, arena: Window, half: int, lo: int, hi: int) -> None:
-    arena.row(arena.rank, half, arr.dtype, arr.size)[lo:hi] = arr[lo:hi]
 
 
 class Shm(Algorithm):
@@ -123,13 +118,13 @@ class Shm(Algorithm):
         b = chunk_bounds(arr.size, p)
         half = arena.next_half()
         if req.primitive == "reduce_scatter":
-            _copy_in(arr, arena, half, 0, b[r])
-            _copy_in(arr, arena, half, b[r + 1], arr.size)
+            arena.fill(half, arr, 0, b[r])
+            arena.fill(half, arr, b[r + 1], arr.size)
             arena.sync()
             flat, stride = arena.flat(half, arr.dtype)
             kernels.reduce_slice(flat, stride, p, r, arr, b[r], b[r + 1], 0, op, kind)
         elif req.primitive == "allgather":
-            _copy_in(arr, arena, half, b[r], b[r + 1])
+            arena.fill(half, arr, b[r], b[r + 1])
             arena.sync()
             flat, stride = arena.flat(half, arr.dtype)
             for k in range(p):
@@ -137,7 +132,7 @@ class Shm(Algorithm):
                     arr[b[k]:b[k + 1]] = flat[k * stride + b[k]: k * stride + b[k + 1]]
         else:  # broadcast
             if r == req.root:
-                _copy_in(arr, arena, half, 0, arr.size)
+                arena.fill(half, arr, 0, arr.size)
             arena.sync()
             if r != req.root:
                 arr[:] = arena.row(req.root, half, arr.dtype, arr.size)

@@ -80,8 +80,9 @@ class Link:
 @dataclass(frozen=True)
 class CostParams:
     """Machine parameters of the cost model (defaults: medians of three ``hpctrain bench
-    calibrate`` runs on two ranks of a 2-core Xeon VM with the MPICH wheel; ``net`` is a
-    guess for a cluster network).
+    calibrate`` runs on two ranks of a 2-core Xeon VM with the MPICH wheel, ``shm`` and
+    ``exchange_shm`` on a 2-core AMD EPYC VM of the same kind once the copies into the
+    shared window became streaming stores; ``net`` is a guess for a cluster network).
 
     ``p2p`` is a step of the point-to-point algorithms between ranks of a node (ring, tree,
     recursive: the message and the algorithm's Python), ``net`` a message between nodes,
@@ -103,11 +104,11 @@ class CostParams:
 
     p2p: Link = Link(4.9e-6, 1.33e-10)
     net: Link = Link(2e-5, 1.0e-9)
-    shm: Link = Link(2.4e-6, 7.5e-11)
+    shm: Link = Link(2.8e-6, 4.75e-11)
     gamma: float = 7.5e-11
     native: Link = Link(5.2e-6, 1.74e-10)
     torch: Link = Link(2.5e-4, 2.0e-9)
-    exchange_shm: Link = Link(4.7e-6, 7.0e-11)
+    exchange_shm: Link = Link(3.74e-6, 3.98e-11)
     exchange_p2p: Link = Link(1.34e-5, 8.7e-11)
     exchange_native: Link = Link(8.0e-6, 2.27e-10)
     oversubscribed: float = 20.0

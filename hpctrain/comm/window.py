@@ -48,19 +48,24 @@ from pathlib import Path
 import numba
 import numpy as np
 from mpi4py import MPI
-from numba.core import cgutils, types
+from numba.core import types
 from numba.extending import intrinsic
 
 from hpctrain.comm import kernels
+from hpctrain.comm.bytecopy import copy_bytes, stream_bytes
 from hpctrain.comm.kernels import _accumulate
 from hpctrain.comm.types import chunk_bounds
 from hpctrain.runtime.waiting import watching
 
 __all__ = ["Window", "Resident", "ResidentAllreduce", "allreduce_small", "allreduce_slices",
            "allreduce_resident", "allreduce_pipelined", "piece_bytes", "complete",
-           "open_windows", "publish_flag", "flags_reached", "copy_bytes"]
+           "open_windows", "publish_flag", "flags_reached"]
 
 _LINE = 64
+# A numba kernel's flag poll costs a few nanoseconds, a poll of :meth:`Window.wait` a few
+# hundred: a kernel polls this many times as often before it hands the wait to Python (whose
+# own return costs microseconds).
+_KERNEL_POLLS = 64
 Between = Callable[[np.ndarray], None]
 
 
@@ -86,19 +91,9 @@ def _fence(typingctx):  # noqa: ARG001 - numba's signature
     return types.void(), codegen
 
 
-@intrinsic
-def copy_bytes(typingctx, dst, dst_at, src, src_at, n):  # noqa: ARG001 - numba's signature
-    """``memcpy`` of ``n`` bytes from ``src[src_at:]`` to ``dst[dst_at:]`` (contiguous
-    ``uint8`` arrays, not overlapping), in numba code: numba's slice assignment checks for
-    overlap and copies a byte at a time (the exchange of 1 MiB took 3-5x as long)."""
-    def codegen(context, builder, signature, args):
-        dst_v, dst_at_v, src_v, src_at_v, n_v = args
-        to = context.make_array(signature.args[0])(context, builder, dst_v).data
-        of = context.make_array(signature.args[2])(context, builder, src_v).data
-        cgutils.raw_memcpy(builder, builder.gep(to, [dst_at_v]), builder.gep(of, [src_at_v]),
-                           n_v, 1)
-        return context.get_dummy_value()
-    return types.void(dst, dst_at, src, src_at, n), codegen
+@numba.njit(cache=True, nogil=True)
+def _fill(mem, at, arr, start, n):
+    stream_bytes(mem, at, arr, start, n)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -134,6 +129,7 @@ class Window:
                  slots: int = 1, spin: int = 0) -> None:
         self.comm = comm
         self.spin = spin  # polls before yielding the core (0 when ranks outnumber cores)
+        self.polls = spin * _KERNEL_POLLS  # a numba kernel's polls before Python waits
         self.size, self.rank = comm.Get_size(), comm.Get_rank()
         self.row_bytes = _round_up(max(row_bytes, _LINE), _LINE)
         self.slots, self.rows = slots, rows
@@ -168,6 +164,13 @@ class Window:
             start = k * self.chunk + self.head + half * self.row_bytes
             full = self._views[key] = self.mem[start: start + self.row_bytes].view(dtype)
         return full[:count]
+
+    def fill(self, half: int, arr: np.ndarray, lo: int, hi: int) -> None:
+        """Copy ``arr[lo:hi]`` (1-D, contiguous) to the same elements of this rank's row
+        ``half``, by streaming stores: the other ranks read it next."""
+        size = arr.itemsize
+        _fill(self.mem, self.rank * self.chunk + self.head + half * self.row_bytes + lo * size,
+              arr, lo * size, (hi - lo) * size)
 
     def flat(self, half: int, dtype: np.dtype) -> tuple[np.ndarray, int]:
         """All rows ``half`` as one array and the row stride in elements (for kernels)."""
@@ -267,7 +270,7 @@ class Resident:
 def allreduce_small(arr: np.ndarray, arena: Window, op: int, kind: int) -> None:
     """Copy in, one synchronisation, every rank reduces the whole buffer."""
     half = arena.next_half()
-    arena.row(arena.rank, half, arr.dtype, arr.size)[:] = arr
+    arena.fill(half, arr, 0, arr.size)
     arena.sync()
     flat, stride = arena.flat(half, arr.dtype)
     kernels.reduce_slice(flat, stride, arena.size, arena.rank, arr, 0, arr.size, 0, op, kind)
@@ -281,9 +284,8 @@ def allreduce_slices(arr: np.ndarray, arena: Window, op: int, kind: int,
     b = chunk_bounds(arr.size, p)
     lo, hi = b[r], b[r + 1]
     half = arena.next_half(repeat=(arr.size, arr.itemsize))
-    row = arena.row(r, half, arr.dtype, arr.size)
-    row[:lo] = arr[:lo]
-    row[hi:] = arr[hi:]
+    arena.fill(half, arr, 0, lo)
+    arena.fill(half, arr, hi, arr.size)
     arena.sync()
     flat, stride = arena.flat(half, arr.dtype)
     if between is None:
@@ -291,7 +293,7 @@ def allreduce_slices(arr: np.ndarray, arena: Window, op: int, kind: int,
     else:
         kernels.reduce_slice(flat, stride, p, r, arr, lo, hi, 0, op, kind)
         between(arr[lo:hi])
-        row[lo:hi] = arr[lo:hi]
+        arena.fill(half, arr, lo, hi)
     arena.sync()
     for k in range(p):
         if k != r:
@@ -323,8 +325,8 @@ def _pipeline(arr, raw, flat, mem, at, stride, words, wstride, rank, p, piece, s
         mine = rank * stride + (c % slots) * piece
         a, b = lo + _bound(m, p, rank), lo + _bound(m, p, rank + 1)
         if stage == 0:
-            copy_bytes(mem, at + mine * size, raw, lo * size, (a - lo) * size)
-            copy_bytes(mem, at + (mine + b - lo) * size, raw, b * size, (lo + m - b) * size)
+            stream_bytes(mem, at + mine * size, raw, lo * size, (a - lo) * size)
+            stream_bytes(mem, at + (mine + b - lo) * size, raw, b * size, (lo + m - b) * size)
             publish_flag(words, wstride, rank, value + c, 1)
             stage = 1
         if stage == 1:
@@ -335,7 +337,7 @@ def _pipeline(arr, raw, flat, mem, at, stride, words, wstride, rank, p, piece, s
                 if k != rank:
                     _accumulate(arr[a:b], flat[k * stride + mine - rank * stride + a - lo:
                                                k * stride + mine - rank * stride + b - lo], op)
-            copy_bytes(mem, at + (mine + a - lo) * size, raw, a * size, (b - a) * size)
+            stream_bytes(mem, at + (mine + a - lo) * size, raw, a * size, (b - a) * size)
             publish_flag(words, wstride, rank, value + c, 2)
             stage = 2
         if not flags_reached(words, wstride, p, value + c, polls, 2):
@@ -394,7 +396,7 @@ def allreduce_pipelined(arr: np.ndarray, arena: Window, op: int, piece: int) -> 
     at = arena.head + half * arena.row_bytes
     while not _pipeline(arr, arr.view(np.uint8), flat, arena.mem, at, stride, arena.words,
                         arena.chunk // 8, arena.rank, arena.size, piece, _SLOTS, value, state,
-                        arena.spin, op):
+                        arena.polls, op):
         arena.wait(value + state[0], slot=int(state[1]))
 
 
