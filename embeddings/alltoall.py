@@ -47,6 +47,7 @@ from hpctrain.comm.bytecopy import copy_bytes
 from hpctrain.comm.group import Group
 from hpctrain.errors import EmbeddingError
 from hpctrain.runtime.topology import shard_range
+from hpctrain.runtime.waiting import watching
 
 __all__ = ["ShardedTables", "ColumnTables", "ExchangeStats", "compile_kernels"]
 
@@ -195,7 +196,10 @@ class ShardedTables(EmbeddingStore):
         those ids travel in the gradients' exchange and their values come back as soon as
         the owners have applied the gradients: the values that pull would read, since
         nothing else writes rows between a push and the next training pull."""
-        rows, grads = coalesce(rows, grads)
+        with watching("alltoallv", self.group.comm):
+            self._push(*coalesce(rows, grads), lr)
+
+    def _push(self, rows: np.ndarray, grads: np.ndarray, lr: float) -> None:
         routed, upcoming, self._routed, self._next = self._routed, self._next, None, None
         mine = routed is not None and np.array_equal(rows, routed.rows)
         order, counts, slots = (routed.order, routed.counts, None) if mine else \
@@ -233,7 +237,9 @@ class ShardedTables(EmbeddingStore):
         blocks)."""
         name = f"shard-w{self.group.rank}.h5"
         if self.plan.by_columns:
-            out.write(name, *self._full_rows())
+            with watching("alltoallv", self.group.comm):
+                rows = self._full_rows()
+            out.write(name, *rows)
         else:
             tables = self.tables
             rows = self.placement.rows_of(self.group.rank)(0, len(tables.weight))
@@ -304,15 +310,16 @@ class ShardedTables(EmbeddingStore):
             self.stats.pulls_ahead += 1
             return fetched.values
         order, counts, slots = self._route(rows)
-        matrix, flags = self._counts(counts, active, train=self._training)
-        if not flags.any():
-            return None
-        got_slots, _ = self._send_ids(slots, counts, matrix, train=self._training)
-        routed = _Routed(rows, order, counts, got_slots, matrix)
-        if self._training:
-            self._routed = routed
-        self.stats.pulls += active
-        return self._values(routed, self._training)
+        with watching("alltoallv", self.group.comm):
+            matrix, flags = self._counts(counts, active, train=self._training)
+            if not flags.any():
+                return None
+            got_slots, _ = self._send_ids(slots, counts, matrix, train=self._training)
+            routed = _Routed(rows, order, counts, got_slots, matrix)
+            if self._training:
+                self._routed = routed
+            self.stats.pulls += active
+            return self._values(routed, self._training)
 
     def _values(self, routed: _Routed, train: bool) -> np.ndarray:
         """Values of ``routed.rows``: every owner sends those it was asked for (one

@@ -64,14 +64,17 @@ class Matrix:
     read computed once, in one numba pass (a selection and the segments' offsets run on
     every exchange, so they must cost a microsecond, not tens of them)."""
 
-    __slots__ = ("counts", "row", "rank", "info")
+    __slots__ = ("counts", "row", "rank", "info", "fits")
 
-    def __init__(self, counts: np.ndarray, rank: int = 0, row: int = 1) -> None:
+    def __init__(self, counts: np.ndarray, rank: int = 0, row: int = 1,
+                 sent_rows: int = -1) -> None:
+        """With ``sent_rows`` (the rows ``rank`` sends in all), :attr:`fits` says whether
+        ``rank``'s counts are non-negative and sum to them."""
         self.counts, self.rank, self.row = counts, rank, row
         # allocated here: a numba function's returned array costs 0.6 us to box, its
         # argument's 0.1
         self.info = np.empty(_HEAD + 6 * counts.shape[0] + 2, np.int64)
-        _describe(counts, row, rank, self.info)
+        self.fits = _describe(counts, row, rank, self.info, sent_rows)
 
     @property
     def size(self) -> int:
@@ -151,7 +154,7 @@ def _piece(ranks: int) -> int:
 
 
 @numba.njit(cache=True)
-def _describe(counts, row, rank, info):  # one pass: numpy's reductions cost microseconds each
+def _describe(counts, row, rank, info, sent_rows):  # one pass: numpy's take microseconds
     p = counts.shape[0]
     info[:] = 0
     through = across = kept = rounds = most = largest = 0
@@ -196,6 +199,7 @@ def _describe(counts, row, rank, info):  # one pass: numpy's reductions cost mic
         info[_HEAD + 5 * p + 2 + j] = counts[j, rank]
         for k in range(rank):
             info[starts + j] += counts[j, k] * row
+    return sent_rows < 0 or _counts_fit(counts[rank], p, sent_rows)
 
 
 class Exchange(ABC):
@@ -274,16 +278,17 @@ class SharedMemory(Exchange):
                     transfer_s=near.beta * matrix.maxima[0])
 
     def run(self, send: np.ndarray, out: np.ndarray, matrix: Matrix, group: Group) -> None:
-        if matrix.pipelined:
+        info = matrix.info
+        if info.item(7):  # Matrix.pipelined, without a property's call
             _exchange_pipelined(send, out, matrix, group)
             return
-        arena = group.arena(matrix.info.item(4))
+        arena = group.arena(info.item(4))
         base = arena.head + arena.next_half() * arena.row_bytes
         value = arena.next_value()
-        if not _shm_exchange(send, out, arena.mem, arena.words, matrix.info, group.rank,
-                             arena.chunk, base, value, arena.polls):
+        if not _shm_exchange(send, out, arena.mem, arena.words, info, group.rank, arena.chunk,
+                             base, value, arena.polls):
             arena.wait(value)  # the others are late: wait yielding the core
-            _copy_out(out, arena.mem, matrix.info, group.rank, arena.chunk, base)
+            _copy_out(out, arena.mem, info, group.rank, arena.chunk, base)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -492,23 +497,30 @@ def alltoallv(send: np.ndarray, counts: np.ndarray, *, comm: Group, algorithm: s
         send = np.ascontiguousarray(send)
     counts = np.asarray(counts, np.int64)
     p = group.size
-    if counts.ndim != 1 or not _counts_fit(counts, p, len(send)):
-        raise CommError(f"alltoallv: rank {group.rank} passed {counts.size} counts summing "
-                        f"to {counts.sum()} for {len(send)} rows; need {p} "
-                        f"non-negative counts summing to the rows")
-    if matrix is None:
+    if matrix is None:  # checked before any message; a given matrix's row is checked below
+        if counts.ndim != 1 or not _counts_fit(counts, p, len(send)):
+            _bad_counts(counts, len(send), group)
         matrix = exchange_counts(counts, group)[0]
     flat = send.ndim == 1
     row = send.itemsize if flat else send.itemsize * math.prod(send.shape[1:])
-    m = Matrix(matrix, group.rank, row)
-    recv = m.info[_HEAD + 5 * p + 2:]  # the rows from each rank
-    rows = m.info.item(_HEAD + 2 * p + 1) // row if row else int(recv.sum())
+    m = Matrix(matrix, group.rank, row, len(send))
+    if not m.fits:
+        _bad_counts(counts, len(send), group)
+    info = m.info
+    recv = info[_HEAD + 5 * p + 2:]  # the rows from each rank
+    rows = info.item(_HEAD + 2 * p + 1) // row if row else int(recv.sum())
     out = np.empty(rows if flat else (rows, *send.shape[1:]), send.dtype)
     if p == 1:
         out[:] = send
         return out, recv
     _chosen(m, group, algorithm).run(send, out, m, group)
     return out, recv
+
+
+def _bad_counts(counts: np.ndarray, rows: int, group: Group) -> None:
+    raise CommError(f"alltoallv: rank {group.rank} passed {counts.size} counts summing to "
+                    f"{counts.sum()} for {rows} rows; need {group.size} non-negative counts "
+                    f"summing to the rows")
 
 
 _BYTE = np.dtype(np.uint8)

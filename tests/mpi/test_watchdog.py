@@ -126,11 +126,12 @@ def _stop_one_rank_of_a_training_run(tmp_path, ranks: int, stop: int, extra: lis
 
 
 def test_a_stopped_rank_of_a_training_run_ends_the_job(tmp_path):
-    """Data-parallel worker, pipeline-stage worker, tensor-parallel worker on gloo and
-    parameter server: each stopped rank is named with the wait, and the job ends within
-    abort_s + 15 s."""
+    """Data-parallel worker, all-to-all tables' worker, pipeline-stage worker,
+    tensor-parallel worker on gloo and parameter server: each stopped rank is named with
+    the wait, and the job ends within abort_s + 15 s."""
     for case, ranks, stop, extra in (
             ("dp", 2, 1, []),
+            ("alltoall", 2, 1, ["embeddings.mode='alltoall'"]),
             ("pp", 2, 1, ["parallel.pp=2"]),
             ("tp over torch.distributed", 2, 1, ["parallel.tp=2", "parallel.backend='torch'"]),
             ("ps", 3, 2, ["ps.servers=1"])):
