@@ -80,9 +80,9 @@ class Link:
 @dataclass(frozen=True)
 class CostParams:
     """Machine parameters of the cost model (defaults: medians of three ``hpctrain bench
-    calibrate`` runs on two ranks of a 2-core Xeon VM with the MPICH wheel, ``shm`` and
-    ``exchange_shm`` on a 2-core AMD EPYC VM of the same kind once the copies into the
-    shared window became streaming stores; ``net`` is a guess for a cluster network).
+    calibrate`` runs on two ranks of this project's 2-core VM with the MPICH wheel,
+    ``shm`` and ``exchange_shm`` again once the copies into the shared window became
+    streaming stores; ``net`` is a guess for a cluster network).
 
     ``p2p`` is a step of the point-to-point algorithms between ranks of a node (ring, tree,
     recursive: the message and the algorithm's Python), ``net`` a message between nodes,
