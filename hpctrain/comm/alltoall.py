@@ -15,10 +15,10 @@ bytes of the whole exchange:
   per byte that moves, no MPI message, and all of it in one numba call (fences,
   :func:`~hpctrain.comm.window.flags_reached`) unless a rank is late. The copies into the
   window are streaming stores (:func:`~hpctrain.comm.bytecopy.stream_bytes`), which need
-  not take each line back from the core that read it last (2-core VM, 2 ranks: 0.46-0.6x
-  the time of plain stores from 16 KiB, and faster whole than piece by piece at every size
-  to 16 MiB); a rank that sends more than 16 MiB goes piece by piece through four slots (a
-  pair of flags per piece), so the window stays bounded;
+  not take each line back from the core that read it last, and with them whole exchanges
+  measured faster than piece by piece at every size to 16 MiB (2 and 4 ranks); a rank that
+  sends more than 16 MiB goes piece by piece through four slots (a pair of flags per
+  piece), so the window stays bounded;
 - ``native``: ``MPI_Alltoallv`` itself, the baseline.
 
 Under ``comm.emulate`` the pairwise messages go through the group's
@@ -490,10 +490,10 @@ def alltoallv(send: np.ndarray, counts: np.ndarray, *, comm: Group, algorithm: s
     matrix when the caller already exchanged it (:func:`exchange_counts`).
 
     A small exchange is a few microseconds of work, so the Python around it is kept to a
-    handful of calls (one numba check of the counts, one description of the matrix that
-    also holds the received counts and sizes) and no attribute or view it can do without."""
+    handful of calls (one numba pass over the matrix that checks this rank's counts and
+    holds the received counts and sizes) and no attribute or view it can do without."""
     group = comm
-    if not send.flags.c_contiguous:
+    if not isinstance(send, np.ndarray) or not send.flags.c_contiguous:
         send = np.ascontiguousarray(send)
     counts = np.asarray(counts, np.int64)
     p = group.size

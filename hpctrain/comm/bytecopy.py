@@ -80,7 +80,8 @@ def stream_bytes(dst, dst_at, src, src_at, n):
     first take each line back from the cache of the core that read it last; on the 2-core
     VM this project is measured on, 32 KiB copied into a window row took 15 us that way
     and 1.9 us by streaming stores. The fence before a flag is published
-    (:func:`publish_flag`) orders them like plain stores."""
+    (:func:`~hpctrain.comm.window.publish_flag`, a sequentially consistent fence) orders them
+    like plain stores."""
     head = min(n, (-(_address(dst) + dst_at)) % _LINE)
     if head:
         copy_bytes(dst, dst_at, src, src_at, head)

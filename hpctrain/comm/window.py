@@ -92,7 +92,7 @@ def _fence(typingctx):  # noqa: ARG001 - numba's signature
 
 
 @numba.njit(cache=True, nogil=True)
-def _fill(mem, at, arr, start, n):
+def _fill(mem, at, arr, start, n):  # :meth:`Window.fill` in one numba call
     stream_bytes(mem, at, arr, start, n)
 
 

@@ -1,5 +1,6 @@
 """The reduction kernels against numpy (and torch for bfloat16), without MPI."""
 
+import numba
 import numpy as np
 import pytest
 import torch
@@ -7,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpctrain.comm import kernels as K
+from hpctrain.comm.bytecopy import copy_bytes, stream_bytes
 
 OPS = {K.SUM: np.add, K.MAX: np.fmax, K.MIN: np.fmin}
 
@@ -135,3 +137,30 @@ def test_divide_for_wide_and_sixteen_bit_floats():
     h = np.arange(10, dtype=np.float16).view(np.uint16).copy()
     K.divide(h, 4, K.HALF)
     assert np.array_equal(h.view(np.float16), (np.arange(10) / 4).astype(np.float16))
+
+
+@numba.njit(cache=False)
+def _copies(dst, dst_at, src, src_at, n, stream):
+    if stream:
+        stream_bytes(dst, dst_at, src, src_at, n)
+    else:
+        copy_bytes(dst, dst_at, src, src_at, n)
+
+
+def test_byte_copies_match_numpy_at_every_alignment_and_dtype():
+    """Both copies, byte offsets into arrays of any dtype: the streaming one's ragged head
+    and tail (destination not on a cache line) and its whole lines between."""
+    src = np.arange(1000, dtype=np.float32)
+    raw = src.view(np.uint8)
+    for stream in (False, True):
+        for dst_at in (0, 1, 63, 64, 100):
+            for src_at in (0, 3, 64):
+                for n in (0, 1, 63, 64, 65, 200, 1000):
+                    dst = np.zeros(2000, np.uint8)
+                    _copies(dst, dst_at, src, src_at, n, stream)
+                    expect = np.zeros(2000, np.uint8)
+                    expect[dst_at:dst_at + n] = raw[src_at:src_at + n]
+                    assert np.array_equal(dst, expect), (stream, dst_at, src_at, n)
+    rows = np.zeros((4, 16), np.float32)  # a 2-D destination, whole rows
+    _copies(rows, 64, src, 0, 128, True)
+    assert np.array_equal(rows[1:3].reshape(-1), src[:32]) and not rows[0].any()
