@@ -323,8 +323,8 @@ def _copy_out(out, mem, info, rank, chunk, base):
 def _exchange_pipelined(send: np.ndarray, out: np.ndarray, matrix: Matrix,
                         group: Group) -> None:
     """The shared-memory exchange a piece of every segment at a time through ``_SLOTS``
-    slots of each rank's row, so that the window side of both copies stays in cache instead
-    of every byte going through memory twice."""
+    slots of each rank's row, so that a rank sending more than ``_WHOLE_BYTES`` needs a
+    window of only ``_SLOTS`` pieces a destination."""
     p = group.size
     piece = _piece(p)
     arena = group.arena(_SLOTS * p * piece)
