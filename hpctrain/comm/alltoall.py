@@ -102,19 +102,9 @@ class Matrix:
         return tuple(self.info[:5].tolist())  # type: ignore[return-value]
 
     @property
-    def size_class(self) -> int:
-        """The first four maxima's bit lengths, packed in one integer (``auto``'s key)."""
-        return int(self.info[5])
-
-    @property
     def largest(self) -> int:
         """Bytes of the largest segment one rank sends another."""
         return int(self.info[6])
-
-    @property
-    def received(self) -> int:
-        """Bytes :attr:`rank` receives in all."""
-        return int(self.info[_HEAD + 2 * self.size + 1])
 
     @property
     def pipelined(self) -> bool:
@@ -134,8 +124,9 @@ class Matrix:
                 info[_HEAD + 4 * p + 2:_HEAD + 5 * p + 2])
 
 
-# The five maxima, the size class, the largest segment and the piece-by-piece flag precede
-# the segments; the received row counts follow them.
+# The five maxima, the size class (the first four maxima's bit lengths packed in one
+# integer: auto's key), the largest segment and the piece-by-piece flag precede the
+# segments; the received row counts follow them.
 _HEAD = 8
 
 
@@ -497,18 +488,19 @@ def alltoallv(send: np.ndarray, counts: np.ndarray, *, comm: Group, algorithm: s
         send = np.ascontiguousarray(send)
     counts = np.asarray(counts, np.int64)
     p = group.size
-    if matrix is None:  # checked before any message; a given matrix's row is checked below
+    given = matrix is not None
+    if not given:  # checked before any message; a given matrix's row in its pass below
         if counts.ndim != 1 or not _counts_fit(counts, p, len(send)):
             _bad_counts(counts, len(send), group)
         matrix = exchange_counts(counts, group)[0]
     flat = send.ndim == 1
     row = send.itemsize if flat else send.itemsize * math.prod(send.shape[1:])
-    m = Matrix(matrix, group.rank, row, len(send))
+    m = Matrix(matrix, group.rank, row, len(send) if given else -1)
     if not m.fits:
         _bad_counts(counts, len(send), group)
     info = m.info
     recv = info[_HEAD + 5 * p + 2:]  # the rows from each rank
-    rows = info.item(_HEAD + 2 * p + 1) // row if row else int(recv.sum())
+    rows = info.item(_HEAD + 2 * p + 1) // row if row else int(recv.sum())  # bytes received
     out = np.empty(rows if flat else (rows, *send.shape[1:]), send.dtype)
     if p == 1:
         out[:] = send

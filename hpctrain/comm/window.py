@@ -308,7 +308,7 @@ def _bound(m, p, k):
 
 
 @numba.njit(cache=True, nogil=True)
-def _pipeline(arr, raw, flat, mem, at, stride, words, wstride, rank, p, piece, slots, value,
+def _pipeline(arr, flat, mem, at, stride, words, wstride, rank, p, piece, slots, value,
               state, polls, op):
     """The slices allreduce piece by piece through ``slots`` cache-sized slots of each
     rank's row, from where ``state`` (piece, stage) says; ``False`` when a flag was not
@@ -326,8 +326,8 @@ def _pipeline(arr, raw, flat, mem, at, stride, words, wstride, rank, p, piece, s
         mine = rank * stride + (c % slots) * piece
         a, b = lo + _bound(m, p, rank), lo + _bound(m, p, rank + 1)
         if stage == 0:
-            stream_bytes(mem, at + mine * size, raw, lo * size, (a - lo) * size)
-            stream_bytes(mem, at + (mine + b - lo) * size, raw, b * size, (lo + m - b) * size)
+            stream_bytes(mem, at + mine * size, arr, lo * size, (a - lo) * size)
+            stream_bytes(mem, at + (mine + b - lo) * size, arr, b * size, (lo + m - b) * size)
             publish_flag(words, wstride, rank, value + c, 1)
             stage = 1
         if stage == 1:
@@ -338,7 +338,7 @@ def _pipeline(arr, raw, flat, mem, at, stride, words, wstride, rank, p, piece, s
                 if k != rank:
                     _accumulate(arr[a:b], flat[k * stride + mine - rank * stride + a - lo:
                                                k * stride + mine - rank * stride + b - lo], op)
-            stream_bytes(mem, at + (mine + a - lo) * size, raw, a * size, (b - a) * size)
+            stream_bytes(mem, at + (mine + a - lo) * size, arr, a * size, (b - a) * size)
             publish_flag(words, wstride, rank, value + c, 2)
             stage = 2
         if not flags_reached(words, wstride, p, value + c, polls, 2):
@@ -347,7 +347,7 @@ def _pipeline(arr, raw, flat, mem, at, stride, words, wstride, rank, p, piece, s
         for k in range(p):
             if k != rank:
                 ka, kb = lo + _bound(m, p, k), lo + _bound(m, p, k + 1)
-                copy_bytes(raw, ka * size, mem,
+                copy_bytes(arr, ka * size, mem,
                            at + (k * stride + mine - rank * stride + ka - lo) * size,
                            (kb - ka) * size)
         c, stage = c + 1, 0
@@ -396,7 +396,7 @@ def allreduce_pipelined(arr: np.ndarray, arena: Window, op: int, piece: int) -> 
     value = arena.reserve(pieces, 1, 2)
     state = np.zeros(2, np.int64)
     at = arena.head + half * arena.row_bytes
-    while not _pipeline(arr, arr.view(np.uint8), flat, arena.mem, at, stride, arena.words,
+    while not _pipeline(arr, flat, arena.mem, at, stride, arena.words,
                         arena.chunk // 8, arena.rank, arena.size, piece, _SLOTS, value, state,
                         arena.polls, op):
         arena.wait(value + state[0], slot=int(state[1]))
