@@ -30,7 +30,7 @@ from embeddings.tables import TableLayout
 from embeddings.types import EmbeddingStore, RowSink, RowSource
 from hpctrain.config import JobConfig, ParallelConfig
 from hpctrain.data.types import Batch
-from hpctrain.models.dlrm import DLRM, dot_interaction
+from hpctrain.models.dlrm import DLRM, DotInteraction
 from hpctrain.parallel.engine import ParallelEngine
 from hpctrain.parallel.groups import ParallelGroups
 from hpctrain.parallel.layers import tensor_parallel_mlp
@@ -63,14 +63,13 @@ class FirstStage(nn.Module):
     """Bottom MLP, dot interaction and the first top-MLP layers; input ``(dense,
     embedded)``."""
 
-    def __init__(self, bottom: nn.Module, pairs: torch.Tensor, top: nn.Module) -> None:
+    def __init__(self, bottom: nn.Module, interaction: DotInteraction, top: nn.Module) -> None:
         super().__init__()
-        self.bottom, self.top = bottom, top
-        self.register_buffer("pairs", pairs, persistent=False)
+        self.bottom, self.interaction, self.top = bottom, interaction, top
 
     def forward(self, inputs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         dense, embedded = inputs
-        return self.top(dot_interaction(self.bottom(dense), embedded, self.pairs))
+        return self.top(self.interaction(self.bottom(dense), embedded))
 
 
 class GridDense(DenseEngine):
@@ -91,7 +90,8 @@ class GridDense(DenseEngine):
             m for layer in top[bounds[self.stage]:bounds[self.stage + 1]] for m in layer)),
             groups.tensor)
         if self.stage == 0:
-            mine = FirstStage(tensor_parallel_mlp(full.bottom, groups.tensor), full._pairs, mine)
+            mine = FirstStage(tensor_parallel_mlp(full.bottom, groups.tensor),
+                              full.interaction, mine)
         self.module = mine.to(topo.device)
         self.groups = groups
         self.engine = ParallelEngine(self.module, groups, par.schedule, topo.device, config.comm,

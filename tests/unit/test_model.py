@@ -2,7 +2,7 @@ import torch
 from torch.autograd import gradcheck
 
 from hpctrain.config import ModelConfig
-from hpctrain.models.dlrm import DLRM, dot_interaction, feature_pairs, interaction_width
+from hpctrain.models.dlrm import DLRM, DotInteraction, interaction_width
 
 
 def test_shapes_and_widths_of_the_reference_architecture():
@@ -27,17 +27,28 @@ def test_interaction_is_the_pairwise_dot_product():
 
 
 def test_interaction_gradient_is_autograds_of_the_plain_products():
-    """The pair products' own backward (one bmm over the symmetric gradient grid) against
-    autograd through bmm and index_select, and numerically (gradcheck, float64)."""
+    """The pair products' own backward (one gather into the symmetric gradient grid, one
+    bmm) against autograd through bmm and index_select, and numerically (gradcheck,
+    float64); in float32 its grid holds the bits of one built by scattering each pair's
+    gradient into its cell and its mirror's."""
+    interaction = DotInteraction(4)
     x = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
     emb = torch.randn(5, 4, 3, dtype=torch.float64, requires_grad=True)
-    pairs = feature_pairs(5)
-    gradcheck(lambda a, b: dot_interaction(a, b, pairs), (x, emb))
+    gradcheck(interaction, (x, emb))
     weights = torch.randn(5, interaction_width(4, 3), dtype=torch.float64)
-    (dot_interaction(x, emb, pairs) * weights).sum().backward()
+    (interaction(x, emb) * weights).sum().backward()
     ours = x.grad.clone(), emb.grad.clone()
     x.grad = emb.grad = None
     features = torch.cat([x.unsqueeze(1), emb], dim=1)
-    plain = torch.bmm(features, features.transpose(1, 2)).flatten(1).index_select(1, pairs[0])
+    lower = interaction.lower
+    plain = torch.bmm(features, features.transpose(1, 2)).flatten(1).index_select(1, lower)
     (torch.cat([x, plain], dim=1) * weights).sum().backward()
     torch.testing.assert_close(ours, (x.grad, emb.grad))
+
+    features = features.detach().float().requires_grad_()
+    grad = torch.randn(5, len(lower))
+    pairs_only = torch.autograd.grad(
+        (interaction(features[:, 0], features[:, 1:])[:, 3:] * grad).sum(), features)[0]
+    mirror = (lower % 5) * 5 + lower // 5
+    grid = grad.new_zeros(5, 25).index_add_(1, lower, grad).index_add_(1, mirror, grad)
+    assert torch.equal(pairs_only, torch.bmm(grid.view(5, 5, 5), features.detach()))
