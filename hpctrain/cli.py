@@ -381,8 +381,8 @@ def _bench_ps(args: argparse.Namespace, config: JobConfig, topo: Topology | None
                    ["mode", "prefetch", "rows_per_s", "baseline_rows_per_s",
                     "ratio_to_baseline", "bytes_per_step", "bytes_ratio",
                     "server_memory_ratio"])
-        print_rows(servers, ["mode", "rank", "workers", "rows_per_s", "busy_fraction",
-                             "busy_s", "busy_cpu_s", "pulls", "pushes"])
+        print_rows(servers, ["mode", "rank", "workers", "threads", "rows_per_s",
+                             "busy_fraction", "busy_s", "busy_cpu_s", "pulls", "pushes"])
         if args.json:
             write_json(args.json, rows)
             print(f"wrote {len(rows)} rows to {args.json}")

@@ -42,6 +42,9 @@ message layouts in :mod:`ps.types`):
    been applied. The rows change owner, so a gradient still on its way would be lost. Its
    staleness is 0 by that rule and is not recorded with the training reads'.
 
+A big request's row passes (the gather into the reply, the optimizer on a push) are split
+over the rank's threads (:class:`~ps.threads.RowThreads`); MPI calls stay on the main thread.
+
 Receives are non-blocking probes on ``ANY_SOURCE`` with a backoff
 (:class:`hpctrain.runtime.waits.Backoff`) so an idle server leaves its core to the workers,
 through the parameter-server communicator's :class:`~hpctrain.comm.emulate.Channel`: with
@@ -68,6 +71,7 @@ from hpctrain.runtime.waits import Backoff, Wait, wait_all
 from hpctrain.sync.types import SyncModel
 from ps.kernels import gather_rows
 from ps.store import ShardStore
+from ps.threads import RowThreads
 from ps.types import (
     TAG_REQUEST,
     Op,
@@ -106,7 +110,8 @@ class ServerStats:
     rows_written: int = 0  # WRITE: rows handed back
     serve_s: float = 0.0  # wall time from the first request to the end of the loop
     busy_s: float = 0.0  # of serve_s: receiving, decoding, serving and applying requests
-    busy_cpu_s: float = 0.0  # the server thread's CPU time within busy_s (less: preempted)
+    busy_cpu_s: float = 0.0  # the process's CPU time within busy_s (less: preempted)
+    threads: int = 1  # threads sharing each big request's row passes
 
     @property
     def busy_fraction(self) -> float:
@@ -135,11 +140,12 @@ class Server:
 
     def __init__(self, link: Channel, store: ShardStore, workers: Sequence[int],
                  models: Sequence[SyncModel], deterministic: bool = False,
-                 clock: int = 0, on_save: Callable[[ShardStore, int], None] | None = None
-                 ) -> None:
+                 clock: int = 0, on_save: Callable[[ShardStore, int], None] | None = None,
+                 threads: int = 1) -> None:
         """``models[t]`` governs table ``t``; every worker starts at ``clock`` (a resumed
-        run's step); ``on_save(store, step)`` writes a checkpoint of the shard. Messages go
-        through ``link``, the parameter-server communicator's channel."""
+        run's step); ``on_save(store, step)`` writes a checkpoint of the shard; big
+        requests' row passes run on ``threads`` threads. Messages go through ``link``, the
+        parameter-server communicator's channel."""
         self.link = link
         self.comm = comm = link.comm
         self.store = store
@@ -153,7 +159,9 @@ class Server:
         self.parked: list[_Parked] = []
         self.held: dict[int, dict[int, Request]] = {}  # step -> worker -> push (deterministic)
         self.sending: list[tuple[MPI.Request, np.ndarray]] = []
-        self.stats = ServerStats(rank=comm.Get_rank(), resident_bytes=store.resident_bytes())
+        self.rows = RowThreads(threads)
+        self.stats = ServerStats(rank=comm.Get_rank(), resident_bytes=store.resident_bytes(),
+                                 threads=self.rows.threads)
         self._seen: dict[str, Counter[int]] = {}
 
     def _load_kernels(self) -> None:
@@ -167,6 +175,12 @@ class Server:
 
     def serve(self) -> ServerStats:
         """Run until every worker is done; returns the counters."""
+        try:
+            return self._serve()
+        finally:
+            self.rows.close()
+
+    def _serve(self) -> ServerStats:
         self._load_kernels()
         backoff = Backoff()
         first = None
@@ -178,7 +192,7 @@ class Server:
                     self._reap_sends()
                     backoff.idle(self.link.next_arrival_in())
                     continue
-                start, cpu = time.perf_counter(), time.thread_time()
+                start, cpu = time.perf_counter(), time.process_time()
                 first = start if first is None else first
                 backoff.reset()
                 source, buf = received
@@ -188,7 +202,7 @@ class Server:
                                 step=request.step):
                     self._handle(source, request)
                 self.stats.busy_s += time.perf_counter() - start
-                self.stats.busy_cpu_s += time.thread_time() - cpu
+                self.stats.busy_cpu_s += time.process_time() - cpu
         wait_all([r for r, _ in self.sending], Wait("send", self.comm, tuple(self.clock)))
         self.stats.serve_s = 0.0 if first is None else time.perf_counter() - first
         self.stats.staleness = {t: dict(sorted(c.items())) for t, c in self._seen.items()}
@@ -257,12 +271,12 @@ class Server:
             tables = self.store.tables
             if request.op == Op.READ:
                 reply, rows = rows_reply(len(slots), self.dim + tables.state_width)
-                gather_rows(rows, tables.weight, slots)
-                gather_rows(rows[:, self.dim:], tables.state, slots)
+                self._gather(rows, tables.weight, slots)
+                self._gather(rows[:, self.dim:], tables.state, slots)
                 self.stats.rows_read += len(slots)
             elif request.wire == "float32":
                 reply, rows = rows_reply(len(slots), self.dim)
-                gather_rows(rows, tables.weight, slots)
+                self._gather(rows, tables.weight, slots)
                 self.stats.rows_out += len(slots)
             else:
                 reply = encode_rows(tables.pull(slots), request.wire)
@@ -270,6 +284,11 @@ class Server:
         self.stats.bytes_out += reply.nbytes
         self.sending.append((self.link.Isend(reply, dest=source, tag=reply_tag(request.seq)),
                              reply))
+
+    def _gather(self, out: np.ndarray, source: np.ndarray, slots: np.ndarray) -> None:
+        """``out[i, :w] = source[slots[i]]``, chunks of rows on the rank's threads."""
+        self.rows.run(lambda lo, hi: gather_rows(out[lo:hi], source, slots[lo:hi]),
+                      len(slots))
 
     def _record_staleness(self, source: int, request: Request) -> None:
         slowest = self.slowest_clock()
@@ -305,8 +324,10 @@ class Server:
             rows, summed = coalesce(np.concatenate(slots), np.concatenate(grads))
         else:
             rows, summed = slots[0], np.ascontiguousarray(grads[0], dtype=np.float32)
+        lr = pushes[0][1].lr
         if len(rows):
-            self.store.apply(rows, summed, pushes[0][1].lr)
+            self.rows.run(lambda lo, hi: self.store.apply(rows[lo:hi], summed[lo:hi], lr),
+                          len(rows))
         slowest = self.slowest_clock()
         for source, request in pushes:
             self.clock[source] = request.step + 1

@@ -80,19 +80,21 @@ class PSJob:
               deterministic: bool = False,
               restore: Callable[[ShardStore], int] | None = None,
               on_save: Callable[[ShardStore, int], None] | None = None,
-              dense_optimizer: SparseOptimizer | None = None) -> ServerStats:
+              dense_optimizer: SparseOptimizer | None = None,
+              threads: int = 1) -> ServerStats:
         """Hold this server's shard and serve the workers until they are all done.
 
         ``restore(store)`` fills the shard from a checkpoint and returns its step, where
         every worker's clock then starts; ``on_save`` writes checkpoints (see ps.server);
         ``dense_optimizer`` updates the last table, full mode's dense parameters (see
-        :class:`~ps.store.ShardStore`)."""
+        :class:`~ps.store.ShardStore`); ``threads``: this rank's, for big requests' row
+        passes (:class:`~ps.threads.RowThreads`)."""
         index = self.comm.Get_rank() - self.roles.workers
         before = current_rss_bytes()
         store = ShardStore(self.layout, self.placement, index, optimizer, seed, dense_optimizer)
         clock = restore(store) if restore else 0
         server = Server(self.comm, store, self.roles.worker_ranks(), models, deterministic,
-                        clock, on_save)
+                        clock, on_save, threads)
         server.stats.rss_growth_bytes = current_rss_bytes() - before
         log.info("server %d holds %d rows (%.1f MB)", index, self.placement.server_rows(index),
                  store.resident_bytes() / 2**20)

@@ -56,7 +56,7 @@ def run(args: argparse.Namespace, topo: Topology) -> list[dict[str, Any]] | None
         facts = None
     else:
         mine = None
-        facts = job.serve(optimizer, 0, [BSP] * args.tables).as_dict()
+        facts = job.serve(optimizer, 0, [BSP] * args.tables, threads=topo.threads).as_dict()
     rows = topo.world.gather((mine, facts), root=0)
     if topo.rank != 0:
         return None
@@ -72,8 +72,8 @@ def run(args: argparse.Namespace, topo: Topology) -> list[dict[str, Any]] | None
 
 def _server_row(facts: dict[str, Any], workers: int) -> dict[str, Any]:
     """One server over the whole run (both modes, warm-up included), from its ServerStats."""
-    keys = ("rank", "rows_per_s", "busy_fraction", "serve_s", "busy_s", "busy_cpu_s", "pulls",
-            "pushes", "rows_out", "rows_in")
+    keys = ("rank", "threads", "rows_per_s", "busy_fraction", "serve_s", "busy_s", "busy_cpu_s",
+            "pulls", "pushes", "rows_out", "rows_in")
     return {"mode": "server", "workers": workers, **{k: facts[k] for k in keys}}
 
 

@@ -140,7 +140,7 @@ class TrainingJob:
             self.ps.placement, topo.rank - topo.workers, self.manifest)
         return self.ps.serve(sparse_optimizer(config.train), config.train.seed,
                              self.models, config.sums_pushes, restore,
-                             on_save, *self.dense_table_optimizer())
+                             on_save, *self.dense_table_optimizer(), threads=topo.threads)
 
     def dense_table_optimizer(self) -> list[SparseOptimizer]:
         """The servers' optimizer of the dense table: one in full mode, else none."""

@@ -140,7 +140,8 @@ def format_summary(summary: Summary, workers: int) -> str:
                      f"out, {s.rows_in:,} in, {s.deferred:,} deferred "
                      f"({s.deferred_wait_s:.2f} s), {s.resident_bytes / 2**20:,.1f} MB, "
                      f"{s.rows_per_s:,.0f} rows/s, busy {s.busy_fraction:.0%} "
-                     f"({s.busy_cpu_s:.2f} s CPU of {s.busy_s:.2f} s)"))
+                     f"({s.busy_cpu_s:.2f} s CPU of {s.busy_s:.2f} s), "
+                     f"{s.threads} thread{'s' if s.threads > 1 else ''}"))
     if summary.skipped_lines:
         rows.append(("skipped input lines", f"{summary.skipped_lines:,}"))
     if any(summary.skipped_steps):

@@ -83,18 +83,20 @@ def test_info_prints_the_world():
 def test_train_with_a_parameter_server_and_bench_it(tmp_path):
     result = run_mpi([*HPCTRAIN, "train", "jobs/configs/ps_hybrid.toml", *QUIET,
                       "--set", "data.train_samples=20000", "--set", "data.eval_samples=2000",
+                      "--set", "runtime.threads=2",
                       "--set", f"train.run_dir={str(tmp_path)!r}"], ranks=3, timeout=120)
     assert result.returncode == 0, result.stdout
     assert "on 2 workers" in result.stdout and "server rank 2" in result.stdout
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["ps_servers"][0]["pushes"] == 2 * summary["steps"]
+    assert summary["ps_servers"][0]["threads"] == 2  # the rank's runtime.threads
     assert summary["ps_clients"][0]["prefetch_hits"] == summary["steps"] - 1
     assert json.loads((tmp_path / "plan.json").read_text())["servers"] == 1
 
     out = tmp_path / "bench.json"
     bench = run_mpi([*HPCTRAIN, "bench", "ps", "--servers", "2", "--tables", "3", "--rows",
-                     "5000", "--batch", "256", "--steps", "4", "--json", str(out)], ranks=4,
-                    timeout=120)
+                     "5000", "--batch", "256", "--steps", "4", "--set", "runtime.threads=2",
+                     "--json", str(out)], ranks=4, timeout=120)
     assert bench.returncode == 0, bench.stdout
     rows = json.loads(out.read_text())
     servers = [r for r in rows if r["mode"] == "server"]
@@ -108,6 +110,7 @@ def test_train_with_a_parameter_server_and_bench_it(tmp_path):
     for server in servers:  # every worker pulled and pushed in 2 modes, warm-up included
         assert server["pulls"] == server["pushes"] == 2 * (2 * 4 + 1)
         assert 0 < server["busy_s"] <= server["serve_s"] and 0 < server["busy_fraction"] <= 1
+        assert server["threads"] == 2
         assert server["rows_per_s"] == pytest.approx(
             (server["rows_in"] + server["rows_out"]) / server["serve_s"])
 

@@ -6,7 +6,8 @@ each worker applies the same pushes and must hold the very same bits. Outside de
 mode, worker ``w`` touches only rows ``r`` with ``r % workers == w``, so every row's updates
 arrive in one order (MPI keeps one sender's messages in order) whatever the model lets run
 ahead; in deterministic mode the workers share rows and the server sums each step's pushes in
-worker order, as the replica does.
+worker order, as the replica does. Every other case the server splits its row passes over
+three threads, in chunks of a few rows, and must hold the same bits.
 """
 
 import numpy as np
@@ -19,6 +20,7 @@ from hpctrain.runtime.world import build_topology
 from hpctrain.sync.asp import ASP
 from hpctrain.sync.bsp import BSP
 from hpctrain.sync.ssp import ssp
+from ps import threads
 from ps.service import PSJob
 
 SIZES = [40, 7, 300, 1000]
@@ -42,7 +44,8 @@ def batch(case: int, step: int, worker: int, workers: int, shared: bool,
 
 
 @pytest.mark.mpi(ranks=(3, 4), timeout=600)
-def test_server_equals_local_tables(mpi_ranks):
+def test_server_equals_local_tables(mpi_ranks, monkeypatch):
+    monkeypatch.setattr(threads, "MIN_ROWS", 8)  # this test's requests: up to 60 rows
     config = load_config(overrides=[f"ps.servers={mpi_ranks - 2}", "ps.table_wise_below=50",
                                     f"ps.sharding={'auto' if mpi_ranks == 3 else 'row_range'!r}"])
     topo = build_topology(config)
@@ -52,8 +55,10 @@ def test_server_equals_local_tables(mpi_ranks):
         optimizer, shared = SparseOptimizer(kind), mode == "deterministic"
         job = PSJob.create(topo.world, topo.roles, layout, config.ps, SEED)
         if not topo.is_worker:
-            stats = job.serve(optimizer, SEED, [MODELS[mode]] * len(SIZES), shared)
+            stats = job.serve(optimizer, SEED, [MODELS[mode]] * len(SIZES), shared,
+                              threads=1 + 2 * (case % 2))
             assert stats.pushes == workers * STEPS and stats.errors == 0
+            assert stats.threads == 1 + 2 * (case % 2)
             assert 0 < stats.busy_s <= stats.serve_s
             continue
         client, me = job.client([MODELS[mode]] * len(SIZES), optimizer.state_width(DIM)), \
