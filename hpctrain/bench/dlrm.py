@@ -8,7 +8,9 @@ so that a busy machine slows every case alike, at each ``--batch-sizes``:
 - ``hpctrain traced``: the same with ``runtime.trace`` on; its time over the untraced one is
   the tracing overhead;
 - ``torch``: the DLRM reference's way: one ``nn.EmbeddingBag(mode="sum", sparse=True)`` per
-  table, the same dense model, ``torch.optim.SGD`` over all parameters, mean BCE loss;
+  table, the same dense model (hpctrain's layers and initial values) run by autograd as the
+  reference writes it (``nn.Sequential`` MLPs, the dot products as ``bmm`` and an index of
+  the lower triangle), ``torch.optim.SGD`` over all parameters, mean BCE loss;
 - ``MLP only``: forward and backward of the bottom and top MLPs alone (fixed numbers in
   place of the dot products, no optimizer): the bound a step cannot beat.
 
@@ -157,12 +159,26 @@ def _plain_torch(config: JobConfig, sizes: tuple[int, ...], batches: list[Batch]
             optimizer.zero_grad()
             embedded = torch.stack([table(x, offsets) for table, x in zip(tables, ids,
                                                                         strict=True)], dim=1)
-            loss = F.binary_cross_entropy_with_logits(model(dense, embedded), labels)
+            loss = F.binary_cross_entropy_with_logits(reference_logits(model, dense, embedded),
+                                                      labels)
             loss.backward()
             optimizer.step()
         return _elapsed(start, device)
 
     return steps
+
+
+def reference_logits(model: DLRM, dense: torch.Tensor, embedded: torch.Tensor
+                     ) -> torch.Tensor:
+    """``model``'s logits computed as the DLRM reference writes its forward, every backward
+    autograd's: the MLPs' modules, the dot products as ``bmm`` indexed by the lower triangle
+    (its ``interact_features``), not hpctrain's own backward of the pairs."""
+    x = model.bottom(dense)
+    features = torch.cat([x.unsqueeze(1), embedded], dim=1)
+    rows, cols = torch.tril_indices(features.shape[1], features.shape[1], offset=-1,
+                                    device=features.device)
+    dots = torch.bmm(features, features.transpose(1, 2))[:, rows, cols]
+    return model.top(torch.cat([x, dots], dim=1)).squeeze(1)
 
 
 def _mlp_only(config: JobConfig, num_tables: int, batches: list[Batch],

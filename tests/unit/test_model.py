@@ -1,6 +1,7 @@
 import torch
 from torch.autograd import gradcheck
 
+from hpctrain.bench.dlrm import reference_logits
 from hpctrain.config import ModelConfig
 from hpctrain.models.dlrm import DLRM, DotInteraction, interaction_width
 
@@ -52,3 +53,19 @@ def test_interaction_gradient_is_autograds_of_the_plain_products():
     mirror = (lower % 5) * 5 + lower // 5
     grid = grad.new_zeros(5, 25).index_add_(1, lower, grad).index_add_(1, mirror, grad)
     assert torch.equal(pairs_only, torch.bmm(grid.view(5, 5, 5), features.detach()))
+
+
+def test_the_torch_baseline_computes_the_same_model_the_references_way():
+    """bench dlrm's plain-torch step runs hpctrain's layers as the reference does: the same
+    logits, bit for bit, and the same gradients up to rounding."""
+    model = DLRM(ModelConfig(), num_tables=26)
+    dense, emb = torch.randn(64, 13), torch.randn(64, 26, 16, requires_grad=True)
+    ours = model(dense, emb)
+    ours.sum().backward()
+    grads = [emb.grad.clone(), *(p.grad.clone() for p in model.parameters())]
+    model.zero_grad()
+    emb.grad = None
+    theirs = reference_logits(model, dense, emb)
+    assert torch.equal(ours, theirs)
+    theirs.sum().backward()
+    torch.testing.assert_close(grads, [emb.grad, *(p.grad for p in model.parameters())])
