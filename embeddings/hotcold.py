@@ -86,7 +86,7 @@ def merge_seen(rows: np.ndarray, counts: np.ndarray,
                        np.ascontiguousarray(last, dtype=np.int64))
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)  # runs on the re-tiering thread beside the step
 def _merge_seen(rows, counts, last):  # pragma: no cover - compiled
     order = radix_order(rows)
     out_rows = np.empty(rows.size, np.int64)

@@ -16,12 +16,15 @@ collective over ``group`` (the workers). One step:
    The sum is started here and completed before the replica is next read (the next pull,
    push or flush), so it overlaps the next step's start. Cold gradients are pushed to the
    cold store, which is the worker's clock tick.
-3. Re-tiering, after the steps of :func:`~embeddings.hotcold.retier_due`, between the hot
-   update and the cold push:
+3. Re-tiering, at the steps of :func:`~embeddings.hotcold.retier_due`, in two halves:
 
-   a. the lookup counts since the last re-tiering are merged (``Allgatherv``) and every worker
-      runs the same :class:`~embeddings.hotcold.HotSetPlanner`: all agree on the new hot set;
-   b. demoted rows, which already carry this step's update, are written back with their
+   a. planning, in the background: the lookup counts since the last due step are merged
+      (``Allgatherv``) and every worker runs the same
+      :class:`~embeddings.hotcold.HotSetPlanner`, so all agree on the new hot set. This runs
+      on a thread of its own (its own communicator; inline where MPI lacks
+      ``MPI_THREAD_MULTIPLE``) from one due step to the next, off the step's critical path;
+   b. at the next due step, between the hot update and the cold push, the plan is installed:
+      demoted rows, which already carry this step's update, are written back with their
       optimizer state, each worker writing its share and waiting for the acknowledgement;
       then a barrier, so no worker reads such a row before it is back;
    c. the step's cold push (it still carries the rows about to be promoted);
@@ -29,6 +32,8 @@ collective over ``group`` (the workers). One step:
       answer only once every worker's pushes of this step are in.
 
    Each gradient is therefore applied exactly once, by the tier that owns its row that step.
+   A hot set therefore reflects the counts up to one re-tiering interval before it is
+   installed (the first due step only starts a plan); the rows move at one step boundary.
 
 Carried hot sums: built with ``carry_rows``, the store leaves step 2's sum to the dense engine,
 whose gradient reduction carries the hot gradients (:attr:`TieredStore.rider`,
@@ -49,6 +54,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
@@ -104,7 +110,9 @@ class TieringStats:
     rows_promoted: int = 0
     rows_demoted: int = 0
     count_bytes: int = 0  # received when merging lookup counts
-    retier_s: float = 0.0
+    retier_s: float = 0.0  # re-tiering on the step's path: waiting for the plan, moving rows
+    plan_s: float = 0.0  # merging counts and planning (in the background where MPI allows)
+    planned_in_background: bool = False
     warm_start_rows: int = 0  # made hot by a scan of the data before training
     warm_start_count_bytes: int = 0  # received merging the scan's counts
     warm_start_s: float = 0.0
@@ -126,10 +134,12 @@ class TieredStore(EmbeddingStore):
     def __init__(self, layout: TableLayout, cold: BackingStore, group: Group,
                  optimizer: SparseOptimizer, config: TieringConfig, capacity: int,
                  device: torch.device, staleness: int | None = 0,
-                 carry_rows: int = 0) -> None:
+                 carry_rows: int = 0, background: bool = True) -> None:
         """Hold at most ``capacity`` hot rows (every row when it covers the tables). With
         ``carry_rows`` (at most that many hot rows per worker and step) the dense engine
-        sums the hot gradients through :attr:`rider`; ``staleness`` must then be 0."""
+        sums the hot gradients through :attr:`rider`; ``staleness`` must then be 0.
+        ``background``: plan re-tierings on a thread where MPI gives
+        ``MPI_THREAD_MULTIPLE`` (inline otherwise; the plans are the same)."""
         if carry_rows and staleness != 0:
             raise ValueError(f"carried hot sums are summed every step: staleness must be 0, "
                              f"got {staleness}")
@@ -168,6 +178,14 @@ class TieredStore(EmbeddingStore):
         self.stats = TieringStats(capacity=capacity, budget_bytes=capacity * row,
                                   frequency_bytes=tracker.nbytes)
         self.everything_hot = capacity >= layout.total_rows
+        # Re-tiering plans: their count merges on a communicator of their own, so that a
+        # planning thread's collectives never interleave with the step's on ``comm``.
+        self._plan_comm = self.comm.Dup()
+        self._plan_comm.Set_name(f"{self.comm.Get_name()}.retier")  # the watchdog's name
+        self._planning = ThreadPoolExecutor(1, thread_name_prefix="hpctrain-retier") \
+            if background and MPI.Query_thread() == MPI.THREAD_MULTIPLE else None
+        self.stats.planned_in_background = self._planning is not None
+        self._next: Future[Retier] | None = None  # started at the last due step
         if self.everything_hot:
             every = np.arange(layout.total_rows, dtype=np.int64)
             self._install(Retier(every, every, _NO_ROWS))
@@ -248,24 +266,26 @@ class TieredStore(EmbeddingStore):
         return np.sort(rows[best(counts, np.zeros(len(rows)), keep)])
 
     def push(self, rows: np.ndarray, grads: np.ndarray, lr: float) -> None:
-        """Collective over ``group``: hot update, re-tiering when due, cold push (module doc)."""
+        """Collective over ``group``: hot update, at a due step the last plan installed
+        around the cold push and the next one started (module doc)."""
         self._finish_sum()
         rows, grads = coalesce(rows, grads)
         hot, slots = self.hot.locate(rows)
         step, self.step, self._lr = self.step, self.step + 1, lr
-        retier = not self.everything_hot and retier_due(step, self.config.interval,
-                                                        warm_up=not self.stats.warm_start_s)
+        due = not self.everything_hot and retier_due(step, self.config.interval,
+                                                     warm_up=not self.stats.warm_start_s)
+        pending, self._next = (self._next, None) if due else (None, self._next)
         counts, self._expected = self._expected, None
         if self.rider is None:
-            self._update_hot(slots[hot], grads[hot], lr, retier, counts)
+            self._update_hot(slots[hot], grads[hot], lr, pending is not None, counts)
         plan = None
-        if retier:
+        if pending is not None:
             start = time.perf_counter()
-            self._merge_counts()
-            plan = self.planner.plan()
+            plan = pending.result()
+            trace.record("retier: wait plan", start, time.perf_counter(), step=step)
             self._write_back(plan.demoted)
             self.stats.retier_s += time.perf_counter() - start
-            trace.record("retier: plan", start, time.perf_counter(), step=step)
+            trace.record("retier: write back", start, time.perf_counter(), step=step)
         self.cold.push(rows[~hot], grads[~hot], lr)
         if plan is not None:
             start = time.perf_counter()
@@ -274,6 +294,10 @@ class TieredStore(EmbeddingStore):
             self.stats.retiers += 1
             self.stats.retier_s += time.perf_counter() - start
             trace.record("retier: install", start, time.perf_counter(), step=step)
+        if due:
+            start = time.perf_counter()
+            self._next = self._start_plan()
+            self.stats.retier_s += time.perf_counter() - start
 
     # -- end of training -----------------------------------------------------------------------
 
@@ -282,7 +306,8 @@ class TieredStore(EmbeddingStore):
         collective over ``group``. Afterwards the cold store holds every row's current value
         (hot rows stay hot and are still served locally)."""
         self._refresh()
-        self._merge_counts()
+        self._settle()
+        self._merge_counts(self._take_seen())
         self._write_back(self.hot.rows)
 
     @contextmanager
@@ -313,9 +338,13 @@ class TieredStore(EmbeddingStore):
         self.cold.restore(source)
 
     def close(self) -> None:
-        """Write the hot rows back, so the cold store holds the whole model, and close it."""
+        """Write the hot rows back, so the cold store holds the whole model, and close it;
+        a plan not installed yet is dropped."""
         self.flush()
         self.cold.close()
+        if self._planning is not None:
+            self._planning.shutdown()
+        self._plan_comm.Free()
 
     @property
     def retier_s(self) -> float:
@@ -325,6 +354,7 @@ class TieredStore(EmbeddingStore):
         """The counters so far. Hit rates cover the lookups merged so far (up to the last
         re-tiering, or all after :meth:`flush`), the same ones worker 0's oracle hit rate
         covers."""
+        self._settle()  # the planning thread's counters
         stats = self.stats
         stats.hot_rows = len(self.hot)
         stats.table_lookups, stats.table_hits = self._merged.tolist()
@@ -439,24 +469,56 @@ class TieredStore(EmbeddingStore):
         self.stats.sync_bytes += (total - len(slots)) * (self.dim + 2) * 4
         into.apply(*coalesce(*unpack_rows(everyone)), lr)
 
-    def _merge_counts(self) -> None:
-        """``Allgatherv`` of every worker's (row, lookups, last step) since the last merge;
-        every worker records the same merged counts (and worker 0 its oracle's)."""
-        if self._seen:
+    def _start_plan(self) -> Future[Retier]:
+        """The next re-tiering from the lookups seen so far: planned on the planning thread,
+        or here when there is none."""
+        seen = self._take_seen()
+        if self._planning is not None:
+            return self._planning.submit(self._plan, seen)
+        done: Future[Retier] = Future()
+        done.set_result(self._plan(seen))
+        return done
+
+    def _plan(self, seen: list[tuple[np.ndarray, np.ndarray, int]]) -> Retier:
+        """Counts merged, then the next hot set (the planner's state is this call's alone
+        while a plan is in flight: :meth:`_settle` waits for it)."""
+        start = time.perf_counter()
+        with trace.span("retier: plan"):
+            self._merge_counts(seen)
+            plan = self.planner.plan()
+        self.stats.plan_s += time.perf_counter() - start
+        return plan
+
+    def _settle(self) -> None:
+        """Wait for the plan in flight, if any (it stays to be installed at the next due
+        step): before anything else reads or counts into the planner."""
+        if self._next is not None:
+            self._next.result()
+
+    def _take_seen(self) -> list[tuple[np.ndarray, np.ndarray, int]]:
+        """The lookups observed since the last merge, handed over; their per-table counts
+        join the merged ones."""
+        seen, self._seen = self._seen, []
+        self._merged += self._recent
+        self._recent[:] = 0
+        return seen
+
+    def _merge_counts(self, seen: list[tuple[np.ndarray, np.ndarray, int]]) -> None:
+        """``Allgatherv`` of every worker's (row, lookups, last step) of ``seen``; every
+        worker records the same merged counts (and worker 0 its oracle's)."""
+        if seen:
             rows, counts, last = merge_seen(
-                np.concatenate([r for r, _, _ in self._seen]),
-                np.concatenate([c for _, c, _ in self._seen]),
-                np.concatenate([np.full(len(r), s, dtype=np.int64) for r, _, s in self._seen]))
+                np.concatenate([r for r, _, _ in seen]),
+                np.concatenate([c for _, c, _ in seen]),
+                np.concatenate([np.full(len(r), s, dtype=np.int64) for r, _, s in seen]))
         else:
             rows, counts, last = _NO_ROWS, np.empty(0, np.float32), _NO_ROWS
-        self._seen = []
+        del seen[:]  # the observations go as soon as they are merged
         mine = np.stack([rows, counts.astype(np.int64), last], axis=1)
-        everyone = allgatherv(mine, self.comm)
+        everyone = allgatherv(mine, self._plan_comm, yielding=True)
         self.stats.count_bytes += (len(everyone) - len(mine)) * mine.itemsize * 3
         rows, counts, last = merge_seen(everyone[:, 0], everyone[:, 1], everyone[:, 2])
         self.planner.record(rows, counts, last)
-        self._merged += self._recent
-        self._recent[:] = 0
         if self._oracle is not None:
             self._oracle.add(rows, counts)
 

@@ -124,23 +124,25 @@ def _stream(args: argparse.Namespace, zipf: float,
 def _replay(args: argparse.Namespace, config: JobConfig,
             stream: list[tuple[np.ndarray, np.ndarray]], capacity: int, policy: str) -> float:
     """Share of the stream's lookups served by the hot set that the tiered store would
-    hold under ``policy``, with the job's tiering settings."""
+    hold under ``policy``, with the job's tiering settings: a plan started at a due step
+    is installed at the next one, as the store's background planning does."""
     tc = config.tiering
     tracker = FrequencyTracker([args.rows], tc.exact_below, tc.sketch_width, tc.sketch_depth,
                                capacity)
     planner = HotSetPlanner(tracker, capacity, policy, tc.admission, tc.decay)
     hits = lookups = 0
     seen = []
+    live = planned = None  # the installed hot set, the one planned at the last due step
     for step, (ids, counts) in enumerate(stream):
-        slots = np.minimum(np.searchsorted(planner.hot, ids), max(len(planner.hot) - 1, 0))
-        hot = planner.hot[slots] == ids if len(planner.hot) else np.zeros(len(ids), bool)
-        hits += int(counts[hot].sum())
+        if live is not None:
+            hits += int(counts[np.isin(ids, live, assume_unique=True)].sum())
         lookups += int(counts.sum())
         seen.append((ids, counts, np.full(len(ids), step)))
         if retier_due(step, tc.interval):
+            live = planned
             planner.record(*merge_seen(*(np.concatenate(part) for part in zip(*seen,
                                                                               strict=True))))
-            planner.plan()
+            planned = planner.plan().hot
             seen = []
     return hits / lookups
 

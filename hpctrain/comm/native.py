@@ -20,6 +20,7 @@ from hpctrain.comm import kernels
 from hpctrain.comm.algorithm import Algorithm
 from hpctrain.comm.types import Cost, CostParams, Layout, Link, Request, chunk_bounds
 from hpctrain.runtime.waiting import watching
+from hpctrain.runtime.waits import Wait, wait_all
 
 if TYPE_CHECKING:
     from hpctrain.comm.group import Group
@@ -29,18 +30,28 @@ __all__ = ["Native", "NATIVE", "allgatherv", "gatherv", "scatterv", "library_cos
 MPI_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
 
 
-def allgatherv(part: np.ndarray, comm: MPI.Intracomm) -> np.ndarray:
+def allgatherv(part: np.ndarray, comm: MPI.Intracomm, yielding: bool = False) -> np.ndarray:
     """Concatenation, in rank order, of every rank's ``part`` (same dtype and trailing
     shape on all ranks, any leading length): ``MPI_Allgather`` of the lengths, then
     ``MPI_Allgatherv``. (The in-place ``allgather`` of :mod:`hpctrain.comm` fills equal
-    chunks of one buffer instead; this one serves variable-length sparse rows.)"""
+    chunks of one buffer instead; this one serves variable-length sparse rows.)
+
+    ``yielding``: their non-blocking forms completed by
+    :func:`~hpctrain.runtime.waits.wait_all`, which sleeps between polls: for a background
+    thread, whose spinning wait would take the core its own main thread computes on."""
     if comm.Get_size() == 1:
         return part
     part = np.ascontiguousarray(part)
     row = int(np.prod(part.shape[1:], dtype=np.int64))
     counts = np.empty(comm.Get_size(), dtype=np.int64)
+    length = np.array([part.shape[0]], dtype=np.int64)
+    if yielding:
+        wait_all([comm.Iallgather(length, counts)], Wait("allgather", comm))
+        out = np.empty((int(counts.sum()), *part.shape[1:]), dtype=part.dtype)
+        wait_all([comm.Iallgatherv(part, [out, counts * row])], Wait("allgather", comm))
+        return out
     with watching("allgather", comm):
-        comm.Allgather(np.array([part.shape[0]], dtype=np.int64), counts)
+        comm.Allgather(length, counts)
         out = np.empty((int(counts.sum()), *part.shape[1:]), dtype=part.dtype)
         comm.Allgatherv(part, [out, counts * row])
     return out

@@ -214,7 +214,10 @@ def _tiering_rows(summary: Summary) -> list[tuple[str, str]]:
         ("tier traffic (worker 0)", f"hot sync {first.sync_bytes / steps / 1024:,.1f} KiB/step, "
                                     f"{first.retiers} re-tierings moved "
                                     f"{first.rows_promoted:,} rows in and "
-                                    f"{first.rows_demoted:,} out"),
+                                    f"{first.rows_demoted:,} out, planned "
+                                    + ("in the background" if first.planned_in_background
+                                       else "inline")
+                                    + f" ({first.plan_s:.2f} s)"),
     ]
 
 

@@ -19,6 +19,7 @@ from hpctrain.comm import (
     alltoallv,
     broadcast,
     gather,
+    native,
     reduce,
     reduce_scatter,
     scatter,
@@ -183,6 +184,9 @@ def test_the_other_primitives_match_numpy():
     else:
         assert gathered is None
     np.testing.assert_array_equal(allgatherv(part, comm=group), np.concatenate(whole))
+    rows = np.stack([part, -part], axis=1)  # the yielding form, on 2-D rows as tiering's
+    np.testing.assert_array_equal(native.allgatherv(rows, group.comm, yielding=True),
+                                  np.concatenate([np.stack([w, -w], axis=1) for w in whole]))
     source = np.arange(101, dtype=np.float32) if r == 0 else None
     b = chunk_bounds(101, p)
     np.testing.assert_array_equal(scatter(source, 101, "float32", comm=group),
