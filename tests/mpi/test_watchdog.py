@@ -127,14 +127,16 @@ def _stop_one_rank_of_a_training_run(tmp_path, ranks: int, stop: int, extra: lis
 
 def test_a_stopped_rank_of_a_training_run_ends_the_job(tmp_path):
     """Data-parallel worker, all-to-all tables' worker, pipeline-stage worker,
-    tensor-parallel worker on gloo and parameter server: each stopped rank is named with
-    the wait, and the job ends within abort_s + 15 s."""
+    tensor-parallel worker on gloo, parameter server, and a tiered worker re-tiering every
+    other step (a planning thread in flight much of the time): each stopped rank is named
+    with the wait, and the job ends within abort_s + 15 s."""
     for case, ranks, stop, extra in (
             ("dp", 2, 1, []),
             ("alltoall", 2, 1, ["embeddings.mode='alltoall'"]),
             ("pp", 2, 1, ["parallel.pp=2"]),
             ("tp over torch.distributed", 2, 1, ["parallel.tp=2", "parallel.backend='torch'"]),
-            ("ps", 3, 2, ["ps.servers=1"])):
+            ("ps", 3, 2, ["ps.servers=1"]),
+            ("tiered", 3, 1, ["ps.servers=1", "tiering.budget=0.1", "tiering.interval=2"])):
         took, code, out = _stop_one_rank_of_a_training_run(tmp_path / case, ranks, stop, extra)
         assert code != 0, (case, out[-3000:])
         assert took < ABORT_S + 15, (case, took, out[-3000:])
