@@ -315,7 +315,8 @@ class TieringConfig:
     admission: float = option(2.0, "decayed lookups a row needs before it may become hot",
                               min=0.0)
     interval: int = option(50, "steps between re-tierings (after warm-up ones at steps 1, 2, "
-                               "4, ...)", min=1)
+                               "4, ...); each installs the hot set planned in the background "
+                               "from the counts up to the one before", min=1)
     prescan: int = option(0, "training samples whose ids are counted before the first step to "
                              "seed the hot set (the split's first; 0 learns it online only)",
                           min=0)
