@@ -75,6 +75,7 @@ from hpctrain.comm.native import allgatherv
 from hpctrain.config import TieringConfig
 from hpctrain.runtime import trace
 from hpctrain.runtime.env import release_free_memory
+from hpctrain.runtime.waiting import RETIER_THREAD
 from hpctrain.runtime.waits import Wait, wait_all
 
 __all__ = ["TieredStore", "TieringStats"]
@@ -182,7 +183,7 @@ class TieredStore(EmbeddingStore):
         # planning thread's collectives never interleave with the step's on ``comm``.
         self._plan_comm = self.comm.Dup()
         self._plan_comm.Set_name(f"{self.comm.Get_name()}.retier")  # the watchdog's name
-        self._planning = ThreadPoolExecutor(1, thread_name_prefix="hpctrain-retier") \
+        self._planning = ThreadPoolExecutor(1, thread_name_prefix=RETIER_THREAD) \
             if background and MPI.Query_thread() == MPI.THREAD_MULTIPLE else None
         self.stats.planned_in_background = self._planning is not None
         self._next: Future[Retier] | None = None  # started at the last due step

@@ -2,8 +2,10 @@
 
 A wait is wrapped in ``with watching(op, comm):`` (collectives, point-to-point waits,
 parameter-server pulls and pushes, the server loop, agreements). Entering costs a few
-microseconds: it notes the wait in this thread's slot (the main thread has slot 0, any
-other thread, such as the comm thread, slot 1) and, once the watchdog is installed, copies
+microseconds: it notes the wait in this thread's slot (the main thread has slot 0, the
+tiered store's re-tiering thread slot 2, any other thread, such as the comm thread, slot 1:
+threads that wait at the same time each publish their own wait) and, once the watchdog is
+installed, copies
 ``(waiting, op, communicator id, call number, since)`` into this rank's entry of the
 watchdog's board. Nothing here times out: the watchdog's own thread
 (:mod:`hpctrain.runtime.watchdog`) looks at the slots, so a wait inside a blocking MPI call,
@@ -24,8 +26,8 @@ from collections.abc import Sequence
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["watching", "OPS", "HEAD", "SLOT_FIELDS", "SLOTS", "FIELDS", "attach", "active",
-           "comm_id"]
+__all__ = ["watching", "OPS", "HEAD", "SLOT_FIELDS", "SLOTS", "RETIER_THREAD", "FIELDS",
+           "attach", "active", "comm_id"]
 
 OPS = ("allreduce", "reduce_scatter", "allgather", "alltoallv", "bcast", "gather", "barrier",
        "pull", "push", "write", "save", "send", "recv", "agree", "serve", "scatter", "reduce",
@@ -33,7 +35,8 @@ OPS = ("allreduce", "reduce_scatter", "allgather", "alltoallv", "bcast", "gather
 _OP_INDEX = {op: i for i, op in enumerate(OPS)}
 HEAD = 3  # heartbeat (ms), pid, host id
 SLOT_FIELDS = 5  # waiting, op, communicator id, call number, since (ms)
-SLOTS = 2  # the main thread; any other thread
+SLOTS = 3  # the main thread; any other thread (the comm thread); the re-tiering thread
+RETIER_THREAD = "hpctrain-retier"  # the name prefix of the thread that takes slot 2
 FIELDS = HEAD + SLOTS * SLOT_FIELDS
 
 _MAIN = threading.main_thread().ident
@@ -62,7 +65,11 @@ class watching:  # noqa: N801 - used as a context manager, like contextlib's
         if entry is None:
             self.slot = -1
             return self
-        slot = self.slot = 0 if threading.get_ident() == _MAIN else 1
+        if threading.get_ident() == _MAIN:
+            slot = self.slot = 0
+        else:
+            slot = self.slot = 2 if threading.current_thread().name.startswith(
+                RETIER_THREAD) else 1
         cid = comm_id(self.comm)
         key = (slot, cid)
         call = _calls[key] = _calls.get(key, 0) + 1
