@@ -20,10 +20,12 @@ dearest per byte is kept), so the model holds at both ends of the size range:
 - ``gamma``: the reduction kernel's time per byte (into the window);
 - ``native`` and ``torch``: ``MPI_Allreduce`` and gloo's allreduce, as
   ``alpha * ceil(log2 p) + beta * 2 (p-1)/p * bytes``;
-- ``exchange_shm``, ``exchange_p2p``, ``exchange_native``: the all-to-all's exchanges,
-  each timed whole through :func:`~hpctrain.comm.alltoall.alltoallv` on totals of 8 bytes
-  and 64 KiB-4 MiB split evenly over the ranks, against the bytes its cost counts (the
-  shared-memory and pairwise ones on one node only).
+- ``exchange_shm``, ``exchange_cma``, ``exchange_p2p``, ``exchange_native``: the
+  all-to-all's exchanges, each timed whole through
+  :func:`~hpctrain.comm.alltoall.alltoallv` on totals of 8 bytes and 64 KiB-4 MiB split
+  evenly over the ranks, against the bytes its cost counts (the shared-memory, single-copy
+  and pairwise ones on one node only, the single-copy one where the ranks can read each
+  other's memory).
 
 Calibrated on an oversubscribed node, the latencies already include the waiting for
 descheduled ranks, so ``oversubscribed`` is written as 1 (no further scaling). The fit of
@@ -162,6 +164,8 @@ def _exchanges(group: Group) -> dict[str, Link]:
     if one_node:
         counted["exchange_shm"] = ("shm", lambda m: m.maxima[0], 1)
         counted["exchange_p2p"] = ("pairwise", lambda m: m.maxima[3] + m.maxima[2], p - 1)
+        if group.layout.single_copy:
+            counted["exchange_cma"] = ("cma", lambda m: m.maxima[1] + m.maxima[2], 1)
     links = {}
     for field, (algorithm, counts_bytes, latencies) in counted.items():
         points = [_alltoall_point(group, algorithm, total, counts_bytes)

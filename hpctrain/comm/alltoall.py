@@ -1,4 +1,4 @@
-"""Personalised all-to-all exchange (``alltoallv``): three algorithms and their costs.
+"""Personalised all-to-all exchange (``alltoallv``): four algorithms and their costs.
 
 Every rank sends ``counts[j]`` rows to rank ``j``. The counts are first made known to every
 rank (one ``MPI_Allgather`` of each rank's counts, giving the whole ``p x p`` matrix), so all
@@ -19,6 +19,13 @@ bytes of the whole exchange:
   measured faster than piece by piece at every size to 16 MiB (2 and 4 ranks); a rank that
   sends more than 16 MiB goes piece by piece through four slots (a pair of flags per
   piece), so the window stays bounded;
+- ``cma`` (one node, where a rank may read the others' memory: ``Layout.single_copy``):
+  every rank publishes its send buffer's address beside its flag in the scratch window,
+  one flag synchronisation, then every rank reads its segments straight out of the
+  others' buffers with ``process_vm_readv`` (:mod:`hpctrain.comm.cma`) and a second
+  synchronisation keeps each buffer until its readers are done: one copy per byte that
+  moves, so from 16-64 KiB on it costs about half of ``shm``, and the two synchronisations
+  make it dearer below;
 - ``native``: ``MPI_Alltoallv`` itself, the baseline.
 
 Under ``comm.emulate`` the pairwise messages go through the group's
@@ -37,6 +44,7 @@ cost depends on the count matrix, not on one buffer size.
 from __future__ import annotations
 
 import math
+import os
 import time
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, ClassVar
@@ -45,6 +53,7 @@ import numba
 import numpy as np
 from mpi4py import MPI
 
+from hpctrain.comm import cma
 from hpctrain.comm.bytecopy import copy_bytes, stream_bytes
 from hpctrain.comm.types import Cost, CostParams, Layout, Link
 from hpctrain.comm.window import flags_reached, publish_flag
@@ -371,6 +380,76 @@ def _pipeline(send, out, mem, words, info, rank, chunk, at, piece, steps, value,
     return True
 
 
+class SingleCopy(Exchange):
+    """Publish where the send buffer lies, synchronise, read this rank's segments straight
+    out of the others' buffers (:func:`hpctrain.comm.cma.read`), synchronise again (a
+    buffer must outlive its readers)."""
+
+    name = "cma"
+
+    def enabled(self, layout: Layout) -> bool:
+        return layout.nodes == 1 and layout.single_copy
+
+    def cost(self, matrix: Matrix, layout: Layout, params: CostParams) -> Cost:
+        near = params.exchange_cma
+        _, across, kept, _, _ = matrix.maxima
+        return Cost(latency_s=_latency(near.alpha, layout, params),
+                    transfer_s=near.beta * (across + kept))
+
+    def run(self, send: np.ndarray, out: np.ndarray, matrix: Matrix, group: Group) -> None:
+        arena = group.arena(0)
+        value = arena.reserve(2, 0)
+        stage = 0
+        while True:
+            stage = _cma_exchange(send, out, arena.words, matrix.info, group.rank,
+                                  arena.chunk // 8, value, os.getpid(), arena.polls,
+                                  stage)
+            if stage <= 0:
+                break
+            arena.wait(value + stage - 1)  # the others are late: wait yielding the core
+        if stage < 0:
+            raise CommError(f"alltoallv: rank {group.rank} could not read rank {-stage - 1}'s "
+                            f"send buffer (process_vm_readv failed: has rank {-stage - 1} "
+                            f"ended?)")
+
+
+
+@numba.njit(cache=True, nogil=True)
+def _cma_exchange(send, out, words, info, rank, stride, value, pid, polls, stage):
+    """From ``stage`` on: 0, publish ``send``'s address and this process's pid beside flag
+    ``value`` (words 1 and 2 of the flag line) and copy this rank's own segment; 1, once
+    every flag reached ``value``, read the segments sent to this rank and publish
+    ``value + 1``; 2, wait until every flag reached ``value + 1``. Returns 0 when done, the
+    stage to wait in and go on from when a flag was not reached within ``polls`` polls, and
+    ``-(k + 1)`` when reading rank ``k`` failed (its flag still published, so no rank waits
+    for this one)."""
+    p = (info.size - _HEAD - 2) // 6
+    at = rank * stride
+    if stage == 0:
+        words[at + 1] = send.ctypes.data
+        words[at + 2] = pid
+        publish_flag(words, stride, rank, value, 0)
+        lo, hi = info[_HEAD + rank], info[_HEAD + rank + 1]
+        copy_bytes(out, info[_HEAD + p + 1 + rank], send, lo, hi - lo)
+        stage = 1
+    if stage == 1:
+        if not flags_reached(words, stride, p, value, polls, 0):
+            return 1
+        received, starts = _HEAD + p + 1, _HEAD + 4 * p + 2
+        iov = np.empty(4, np.int64)
+        for k in range(p):
+            lo, hi = info[received + k], info[received + k + 1]
+            if hi > lo and k != rank and not cma.read(
+                    words[k * stride + 2], words[k * stride + 1] + info[starts + k], out, lo,
+                    hi - lo, iov):
+                publish_flag(words, stride, rank, value + 1, 0)
+                return -(k + 1)
+        publish_flag(words, stride, rank, value + 1, 0)
+    if not flags_reached(words, stride, p, value + 1, polls, 0):
+        return 2
+    return 0
+
+
 class NativeAlltoallv(Exchange):
     """``MPI_Alltoallv`` over ``group.comm``: ``alpha`` per peer plus ``beta`` per byte to or
     from the busiest rank (the dearer of its fitted line and the library allreduce's)."""
@@ -407,7 +486,8 @@ def _busiest_across(matrix: Matrix, nodes: list[int]) -> float:
     return float(max(sent.max(), received.max()))
 
 
-EXCHANGES: tuple[Exchange, ...] = (SharedMemory(), Pairwise(), NativeAlltoallv())
+EXCHANGES: tuple[Exchange, ...] = (SharedMemory(), SingleCopy(), Pairwise(),
+                                   NativeAlltoallv())
 EXCHANGE_NAMES = ("auto", *(e.name for e in EXCHANGES))
 _BY_NAME = {e.name: e for e in EXCHANGES}
 
@@ -421,7 +501,9 @@ def choose_exchange(matrix: Matrix, layout: Layout, params: CostParams,
             raise CommError(f"alltoallv: unknown algorithm {algorithm!r}; algorithms are: "
                             f"{', '.join(EXCHANGE_NAMES)}")
         if not algo.enabled(layout):
-            raise CommError(f"alltoallv: algorithm {algorithm!r} needs all ranks on one node")
+            needs = "all ranks on one node" if layout.nodes > 1 else \
+                "ranks that may read each other's memory (process_vm_readv was refused)"
+            raise CommError(f"alltoallv: algorithm {algorithm!r} needs {needs}")
         return algo
     options = [e for e in EXCHANGES if e.enabled(layout)]
     return min(options, key=lambda e: e.cost(matrix, layout, params).seconds)
@@ -457,6 +539,7 @@ def compile_kernels() -> None:
         _copy_out(out, mem, info, 0, 128, 64)
         _pipeline(send, out, mem, mem.view(np.int64), info, 0, 128, 64, 8, 0, 1,
                   np.zeros(2, np.int64), 0)
+        _cma_exchange(send, out, mem.view(np.int64), info, 0, 16, 1, os.getpid(), 0, 0)
 
 
 def exchange_counts(counts: np.ndarray, group: Group, extra: int = 0

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from hpctrain.comm import emulate
+from hpctrain.comm import cma, emulate
 from hpctrain.comm.calibration import read_params
 from hpctrain.comm.emulate import Channel
 from hpctrain.comm.types import CostParams, Layout, Link
@@ -80,10 +80,11 @@ class Group:
         with watching("allgather", self.comm):
             sizes = self.comm.allgather(local_size if local_rank == 0 else 0)
             cores = set().union(*self._physical.allgather(os.sched_getaffinity(0)))
+            single_copy = cma.works(self._physical)
         self.layout = Layout(
             size=self.size, rank=self.rank, local_size=local_size, local_rank=local_rank,
             nodes=sum(1 for s in sizes if s), uniform=len({s for s in sizes if s}) == 1,
-            oversubscribed=self._physical.Get_size() > len(cores))
+            oversubscribed=self._physical.Get_size() > len(cores), single_copy=single_copy)
         self.spin = 0 if self.layout.oversubscribed else _SPIN
         self.params = params if params is not None else self._read_params()
         network = emulate.network(self.config)

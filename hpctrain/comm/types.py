@@ -81,8 +81,9 @@ class Link:
 class CostParams:
     """Machine parameters of the cost model (defaults: medians of three ``hpctrain bench
     calibrate`` runs on two ranks of this project's 2-core VM with the MPICH wheel,
-    ``shm`` and ``exchange_shm`` again once the copies into the shared window became
-    streaming stores; ``net`` is a guess for a cluster network).
+    ``shm`` again once the copies into the shared window became streaming stores, the
+    ``exchange_*`` lines all on one day, 2026-12-06, when the single-copy exchange came;
+    ``net`` is a guess for a cluster network).
 
     ``p2p`` is a step of the point-to-point algorithms between ranks of a node (ring, tree,
     recursive: the message and the algorithm's Python), ``net`` a message between nodes,
@@ -95,9 +96,10 @@ class CostParams:
     :func:`~hpctrain.comm.alltoall.alltoallv` on 8 bytes and 64 KiB-4 MiB (Python's share
     included, which at small sizes is most of it; across nodes ``net`` is a floor):
     ``shm`` per call and per byte through the busiest rank (in and out, its own segment
-    once), ``p2p`` (pairwise, one node) per round and per byte of the rounds' messages and
-    the rank's own copy, ``native`` (``MPI_Alltoallv``) per peer and per byte to or from
-    the busiest rank.
+    once), ``cma`` (single copy) per call and per byte the busiest rank sends or receives
+    to or from the others plus the largest own segment, ``p2p`` (pairwise, one node) per
+    round and per byte of the rounds' messages and the rank's own copy, ``native``
+    (``MPI_Alltoallv``) per peer and per byte to or from the busiest rank.
     ``oversubscribed`` multiplies every latency when more ranks than cores share a node
     (waiting for a descheduled peer dominates there).
     """
@@ -108,9 +110,10 @@ class CostParams:
     gamma: float = 7.5e-11
     native: Link = Link(5.2e-6, 1.74e-10)
     torch: Link = Link(2.5e-4, 2.0e-9)
-    exchange_shm: Link = Link(3.74e-6, 3.98e-11)
-    exchange_p2p: Link = Link(1.34e-5, 8.7e-11)
-    exchange_native: Link = Link(8.0e-6, 2.27e-10)
+    exchange_shm: Link = Link(3.05e-6, 8.45e-11)
+    exchange_cma: Link = Link(4.17e-6, 7.97e-11)
+    exchange_p2p: Link = Link(1.29e-5, 8.73e-11)
+    exchange_native: Link = Link(7.51e-6, 2.16e-10)
     oversubscribed: float = 20.0
     source: str = field(default="built-in defaults", compare=False)
 
@@ -148,6 +151,7 @@ class Layout:
     nodes: int
     uniform: bool  # every node holds local_size ranks
     oversubscribed: bool = False  # more ranks than cores on this rank's machine
+    single_copy: bool = False  # a rank can read its node's other ranks' memory (hpctrain.comm.cma)
 
     @property
     def log2(self) -> int:

@@ -1,12 +1,14 @@
 """alltoallv: every exchange algorithm against numpy for awkward count matrices."""
 
+import dataclasses
+import os
 import time
 
 import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hpctrain.comm import Group, alltoall, alltoallv
+from hpctrain.comm import Group, alltoall, alltoallv, cma
 from hpctrain.comm.alltoall import EXCHANGE_NAMES, Matrix, choose_exchange, compile_kernels
 from hpctrain.comm.types import CostParams, Layout
 from hpctrain.config import CommConfig
@@ -38,25 +40,28 @@ def test_alltoallv_algorithms_match_numpy():
     p, r = WORLD.Get_size(), WORLD.Get_rank()
     compile_kernels()  # as the training warm-up does
     passes = (alltoall._describe, alltoall._shm_exchange, alltoall._copy_out,
-              alltoall._pipeline, alltoall._counts_fit)
+              alltoall._pipeline, alltoall._cma_exchange, alltoall._counts_fit)
     compiled = [len(kernel.signatures) for kernel in passes]
     for config in (CommConfig(), CommConfig(check=True)):
         group = Group(WORLD, config)
+        algorithms = [a for a in EXCHANGE_NAMES
+                      if a == "auto" or alltoall._BY_NAME[a].enabled(group.layout)]
         for name, counts in count_matrices(p).items():
             for width in (1, 3):
                 send = np.concatenate([rows(r, j, counts[r, j], width) for j in range(p)])
                 expect = np.concatenate([rows(i, r, counts[i, r], width) for i in range(p)])
-                for algorithm in EXCHANGE_NAMES:
+                for algorithm in algorithms:
                     got, got_counts = alltoallv(send, counts[r], comm=group,
                                                 algorithm=algorithm)
                     np.testing.assert_array_equal(got_counts, counts[:, r])
                     np.testing.assert_array_equal(got, expect,
                                                   err_msg=f"{name} {width} {algorithm}")
         # a late rank: the others' polls in numba give up and they wait yielding the core
-        if r == p - 1:
-            time.sleep(0.05)
-        got, _ = alltoallv(send, counts[r], comm=group, algorithm="shm")
-        np.testing.assert_array_equal(got, expect)
+        for i, algorithm in enumerate(algorithms):
+            if r == (p - 1 + i) % p:
+                time.sleep(0.05)
+            got, _ = alltoallv(send, counts[r], comm=group, algorithm=algorithm)
+            np.testing.assert_array_equal(got, expect)
         # ... and piece by piece (a rank sending over 16 MiB: 64-128 steps)
         skew = count_matrices(p)["skew"]
         skew[0, p - 1] = (16 << 20) // 12 + 1
@@ -83,6 +88,28 @@ def test_alltoallv_algorithms_match_numpy():
             with pytest.raises(CommError, match=r"alltoallv: rank \d+ passed"):
                 alltoallv(np.zeros(p, np.float32), np.array(bad), comm=group)
         group.free()
+
+
+def test_a_failed_single_copy_read_names_the_rank_and_still_publishes_its_flag():
+    """Rank 0 of a two-rank exchange (played in one process) whose peer's published buffer
+    cannot be read: the kernel reports the peer, and its flag says it is done, so the
+    peer does not wait for it."""
+    matrix = Matrix(np.full((2, 2), 4, np.int64), 0, 4)
+    words = np.zeros(32, np.int64)  # two ranks' chunks of 16 words (two 64-byte flag lines)
+    words[16:19] = (2, 8, os.getpid())  # rank 1: done, its buffer "at" address 8
+    send, out = np.arange(8, dtype=np.float32), np.zeros(8, np.float32)
+    got = alltoall._cma_exchange(send, out, words, matrix.info, 0, 16, 1, os.getpid(), 0, 0)
+    assert got == -2  # -(rank + 1)
+    assert words[0] == 2  # rank 0's flag: published "done"
+    np.testing.assert_array_equal(out[:4], send[:4])  # its own segment was copied
+
+
+def test_cma_read_copies_from_a_process_and_reports_a_bad_address():
+    src, dst = np.arange(6, dtype=np.int64), np.zeros(8, np.int64)
+    iov = np.empty(4, np.int64)
+    assert cma.read(os.getpid(), src.ctypes.data + 8, dst, 16, 24, iov)
+    np.testing.assert_array_equal(dst, [0, 0, 1, 2, 3, 0, 0, 0])
+    assert not cma.read(os.getpid(), 8, dst, 0, 8, iov)
 
 
 def test_selector_prefers_shared_memory_inside_a_node_and_needs_it_there():
@@ -117,11 +144,19 @@ def test_exchange_costs_follow_their_fitted_lines_with_the_network_a_floor_acros
     line = params.exchange_p2p  # the round's message and the rank's own copy
     assert pairwise.cost(large, one, params).seconds == pytest.approx(
         line.alpha + line.beta * 2 * (8 << 20))
-    # on one node the model takes the shared-memory exchange at both sizes (its fitted line is
-    # the cheaper; at 16 MiB totals, beyond the fitted range, pairwise's single copy measured
-    # 0.8-0.85x its time at 2 ranks)
+    # on one node the model takes the shared window's one synchronisation for small
+    # exchanges, and for large ones a single copy a byte: process_vm_readv's where the ranks
+    # may read each other's memory, else MPI's point-to-point messages'
     assert choose_exchange(small, one, params).name == "shm"
-    assert choose_exchange(large, one, params).name == "shm"
+    assert choose_exchange(large, one, params).name == "pairwise"
+    readable = dataclasses.replace(one, single_copy=True)
+    assert choose_exchange(small, readable, params).name == "shm"
+    assert choose_exchange(large, readable, params).name == "cma"
+    line = params.exchange_cma  # the busiest rank's bytes from the others, and its own copy
+    assert choose_exchange(large, readable, params, "cma").cost(
+        large, readable, params).seconds == pytest.approx(line.alpha + line.beta * (16 << 20))
+    with pytest.raises(CommError, match="process_vm_readv"):
+        choose_exchange(large, one, params, "cma")
     # across nodes an exchange is no faster than the network's link
     native = choose_exchange(large, two, params, "native")
     assert native.cost(large, two, params).seconds == pytest.approx(
