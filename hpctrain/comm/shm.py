@@ -2,9 +2,10 @@
 
 Every rank of the node communicator maps the same memory, so a collective is loads and
 stores plus flag synchronisation; no message passes through MPI. Allreduce takes the
-one-synchronisation path below :func:`small_limit` bytes and the sliced (or, for resident
-buffers, in-place) path above it, in one numba call for numeric dtypes, piece by piece
-once the buffers outgrow the cache (:func:`~hpctrain.comm.window.piece_bytes`).
+one-synchronisation path below :func:`small_limit` bytes and above it the sliced path (in
+one numba call for numeric dtypes, piece by piece once the buffers outgrow the cache,
+:func:`~hpctrain.comm.window.piece_bytes`), the in-place path for resident buffers, or,
+where the ranks may read each other's memory and it costs less, the single-copy path.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from hpctrain.comm.types import OP_KERNEL, Cost, CostParams, Layout, Request, ch
 from hpctrain.comm.window import (
     allreduce_pipelined,
     allreduce_resident,
+    allreduce_single_copy,
     allreduce_slices,
     allreduce_small,
     piece_bytes,
@@ -74,6 +76,26 @@ class Shm(Algorithm):
         return Cost(latency_s=2 * sync, transfer_s=params.shm.beta * (copies + writes),
                     compute_s=params.gamma * (p - 1) / p * nbytes)
 
+    @staticmethod
+    def single_copy_cost(nbytes: int, p: int, params: CostParams, sync: float) -> Cost:
+        """Three synchronisations; rank ``r`` reads the others' parts of slice ``r`` and
+        folds them in, then reads the others' reduced slices: ``2 (p-1)/p`` copies (a read
+        across processes measured at 0.8-0.9x a copy's bandwidth), none into the window."""
+        return Cost(latency_s=3 * sync, transfer_s=params.shm.beta * 2.0 * (p - 1) / p * nbytes,
+                    compute_s=params.gamma * (p - 1) / p * nbytes)
+
+    def _large(self, req: Request, layout: Layout, params: CostParams) -> tuple[Cost, bool]:
+        """The cost of an allreduce above :func:`small_limit` and whether the single-copy
+        path (:func:`~hpctrain.comm.window.allreduce_single_copy`) is the cheaper one:
+        where the ranks may read each other's memory, for private buffers of arithmetic
+        dtypes."""
+        p, n, sync = layout.size, req.nbytes, sync_cost(layout, params)
+        slices = self.slices_cost(n, p, params, sync, req.resident)
+        if not (layout.single_copy and not req.resident and req.dtype.kind == kernels.ARITH):
+            return slices, False
+        single = self.single_copy_cost(n, p, params, sync)
+        return (single, True) if single.seconds < slices.seconds else (slices, False)
+
     def cost(self, req: Request, layout: Layout, params: CostParams) -> Cost:
         """The cost of the path :meth:`bind` takes."""
         p, n = layout.size, req.nbytes
@@ -81,7 +103,7 @@ class Shm(Algorithm):
         if req.primitive == "allreduce":
             if n < small_limit(layout, params):
                 return self.small_cost(n, p, params, sync)
-            return self.slices_cost(n, p, params, sync, req.resident)
+            return self._large(req, layout, params)[0]
         moved = {"reduce_scatter": 2.0 * (p - 1) / p * n, "allgather": 2.0 * (p - 1) / p * n,
                  "broadcast": 2.0 * n}[req.primitive]
         reduced = n if req.primitive == "reduce_scatter" else 0.0
@@ -91,7 +113,8 @@ class Shm(Algorithm):
     def bind(self, req: Request, group: Group) -> Callable[[np.ndarray], None]:
         """Allreduce's path is fixed per request: latency-bound buffers (resident ones
         too: copying them is cheaper than a second synchronisation) take the small path,
-        larger ones the slices, or the in-place path when resident."""
+        larger ones the single-copy path or the slices, whichever costs less, or the
+        in-place path when resident."""
         if req.primitive != "allreduce":
             return super().bind(req, group)
         op, kind, nbytes = OP_KERNEL[req.op], req.dtype.kind, req.nbytes
@@ -99,6 +122,8 @@ class Shm(Algorithm):
             return lambda arr: allreduce_small(arr, group.arena(nbytes), op, kind)
         if req.resident:
             return super().bind(req, group)
+        if self._large(req, group.layout, group.params)[1]:
+            return lambda arr: allreduce_single_copy(arr, group.arena(0), op)
         if kind == kernels.ARITH:
             piece = piece_bytes(nbytes, group.layout.local_size)
             return lambda arr: allreduce_pipelined(arr, group.arena(nbytes), op, piece)

@@ -37,7 +37,9 @@ cores). For numeric dtypes the slices path is one numba call
 (:func:`allreduce_pipelined`, flags 1 and 2 per piece), piece by piece once the buffers
 outgrow the last-level cache (:func:`piece_bytes`). Every copy into the window is a
 streaming store (:func:`~hpctrain.comm.bytecopy.stream_bytes`); resident buffers' results
-keep plain stores (streamed, they measured 1.3-1.7x slower).
+keep plain stores (streamed, they measured 1.3-1.7x slower). Where the node's ranks may read
+each other's memory, :func:`allreduce_single_copy` runs the slices without the window's
+rows: the window carries only the flags and where each rank's buffer lies.
 """
 
 from __future__ import annotations
@@ -52,15 +54,16 @@ from mpi4py import MPI
 from numba.core import types
 from numba.extending import intrinsic
 
-from hpctrain.comm import kernels
+from hpctrain.comm import cma, kernels
 from hpctrain.comm.bytecopy import copy_bytes, stream_bytes
 from hpctrain.comm.kernels import _accumulate
 from hpctrain.comm.types import chunk_bounds
+from hpctrain.errors import CommError
 from hpctrain.runtime.waiting import watching
 
 __all__ = ["Window", "Resident", "ResidentAllreduce", "allreduce_small", "allreduce_slices",
-           "allreduce_resident", "allreduce_pipelined", "piece_bytes", "complete",
-           "open_windows", "publish_flag", "flags_reached"]
+           "allreduce_resident", "allreduce_pipelined", "allreduce_single_copy", "piece_bytes",
+           "complete", "open_windows", "publish_flag", "flags_reached"]
 
 _LINE = 64
 # A numba kernel's flag poll costs a few nanoseconds, a poll of :meth:`Window.wait` a few
@@ -400,6 +403,76 @@ def allreduce_pipelined(arr: np.ndarray, arena: Window, op: int, piece: int) -> 
                         arena.chunk // 8, arena.rank, arena.size, piece, _SLOTS, value, state,
                         arena.polls, op):
         arena.wait(value + state[0], slot=int(state[1]))
+
+
+@numba.njit(cache=True, nogil=True)
+def _single_copy(arr, tmp, words, stride, rank, p, value, pid, stage, polls, op):
+    """:func:`allreduce_single_copy` from ``stage`` on: 0, publish ``arr``'s address and
+    this process's pid beside flag ``value`` (words 1 and 2 of the slot-0 line); 1, once
+    every rank did, fold the others' parts of slice ``rank`` into it, read through ``tmp``
+    a piece at a time, and publish ``value + 1``; 2, once every slice is reduced, read the
+    others' slices straight into ``arr`` and publish ``value + 2``; 3, wait until every
+    rank has read (a buffer must outlive its readers). Returns 0 when done, the stage to
+    wait in and go on from when a flag was not reached within ``polls`` polls, and
+    ``-(k + 1)`` when reading rank ``k`` failed (this rank's last flag then published, so
+    no rank waits for this one)."""
+    n, size = arr.size, arr.itemsize
+    a, b = _bound(n, p, rank), _bound(n, p, rank + 1)
+    iov = np.empty(4, np.int64)
+    if stage == 0:
+        words[rank * stride + 1] = arr.ctypes.data
+        words[rank * stride + 2] = pid
+        publish_flag(words, stride, rank, value, 0)
+        stage = 1
+    if stage == 1:
+        if not flags_reached(words, stride, p, value, polls, 0):
+            return 1
+        for k in range(p):
+            if k != rank:
+                at, owner = words[k * stride + 1], words[k * stride + 2]
+                for lo in range(a, b, tmp.size):
+                    m = min(tmp.size, b - lo)
+                    if not cma.read(owner, at + lo * size, tmp, 0, m * size, iov):
+                        publish_flag(words, stride, rank, value + 2, 0)
+                        return -(k + 1)
+                    _accumulate(arr[lo:lo + m], tmp[:m], op)
+        publish_flag(words, stride, rank, value + 1, 0)
+        stage = 2
+    if stage == 2:
+        if not flags_reached(words, stride, p, value + 1, polls, 0):
+            return 2
+        for k in range(p):
+            ka, kb = _bound(n, p, k), _bound(n, p, k + 1)
+            if k != rank and kb > ka and not cma.read(
+                    words[k * stride + 2], words[k * stride + 1] + ka * size, arr, ka * size,
+                    (kb - ka) * size, iov):
+                publish_flag(words, stride, rank, value + 2, 0)
+                return -(k + 1)
+        publish_flag(words, stride, rank, value + 2, 0)
+    if not flags_reached(words, stride, p, value + 2, polls, 0):
+        return 3
+    return 0
+
+
+def allreduce_single_copy(arr: np.ndarray, arena: Window, op: int) -> None:
+    """The slices path without the window's rows (where the node's ranks may read each
+    other's memory, :mod:`hpctrain.comm.cma`): rank ``r`` reads the others' parts of slice
+    ``r`` straight out of their buffers, a cache-sized piece at a time, and folds them
+    in; then every rank reads the reduced slices straight into its buffer. One copy per
+    byte that crosses ranks where the slices path makes two, for a third synchronisation.
+    Arithmetic dtypes."""
+    tmp = np.empty(max(1, _PIECE_BYTES // arr.itemsize), arr.dtype)
+    value = arena.reserve(3, 0)
+    stage = 0
+    while True:
+        stage = _single_copy(arr, tmp, arena.words, arena.chunk // 8, arena.rank,
+                             arena.size, value, os.getpid(), stage, arena.polls, op)
+        if stage <= 0:
+            break
+        arena.wait(value + stage - 1)  # the others are late: wait yielding the core
+    if stage < 0:
+        raise CommError(f"allreduce: rank {arena.rank} of the node could not read rank "
+                        f"{-stage - 1}'s buffer (process_vm_readv failed: has it ended?)")
 
 
 class ResidentAllreduce:

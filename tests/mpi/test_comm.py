@@ -5,6 +5,7 @@ ranks without communicating. Checks are grouped so that each world size is one l
 """
 
 import hashlib
+import time
 
 import numpy as np
 import pytest
@@ -27,7 +28,7 @@ from hpctrain.comm import (
 from hpctrain.comm.fusion import FusedGradients
 from hpctrain.comm.select import ALGORITHMS
 from hpctrain.comm.types import OP_KERNEL, chunk_bounds
-from hpctrain.comm.window import allreduce_pipelined
+from hpctrain.comm.window import allreduce_pipelined, allreduce_single_copy
 from hpctrain.config import CommConfig, load_config
 from hpctrain.errors import CommError
 from hpctrain.models.dlrm import DLRM
@@ -176,6 +177,21 @@ def test_the_other_primitives_match_numpy():
                 check_reduced(as_float64(buf), inputs, op, dtype, f"{piece} B pieces {dtype} "
                               f"{op} n={n}")
                 same_on_every_rank(group.comm, raw(buf), f"{piece} B pieces {dtype} {op}")
+            if group.layout.single_copy:  # slices over several 256 KiB reads (float32)
+                buf = buffer(inputs[r], dtype)
+                allreduce_single_copy(buf, group.arena(0), OP_KERNEL[op])
+                check_reduced(as_float64(buf), inputs, op, dtype, f"single copy {dtype} "
+                              f"{op} n={n}")
+                same_on_every_rank(group.comm, raw(buf), f"single copy {dtype} {op}")
+    # The single copy with each rank late in turn (the others wait in each stage), and on
+    # lengths shorter than the ranks (empty slices)
+    for late in range(p if group.layout.single_copy else 0):
+        for n in (p - 1, 1009):
+            x = np.full(n, float(r + late), np.float32)
+            if r == late:
+                time.sleep(0.05)
+            allreduce_single_copy(x, group.arena(0), OP_KERNEL["sum"])
+            np.testing.assert_array_equal(x, np.full(n, sum(range(p)) + p * late, np.float32))
     part = np.arange(r + 2, dtype=np.int64) * (r + 1)
     whole = [np.arange(k + 2, dtype=np.int64) * (k + 1) for k in range(p)]
     gathered = gather(part, root=p - 1, comm=group)

@@ -1,4 +1,7 @@
-"""The reduction kernels against numpy (and torch for bfloat16), without MPI."""
+"""The reduction kernels against numpy (and torch for bfloat16), and the single-copy
+allreduce with its ranks played in one process, without MPI."""
+
+import os
 
 import numba
 import numpy as np
@@ -8,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpctrain.comm import kernels as K
+from hpctrain.comm import window
 from hpctrain.comm.bytecopy import copy_bytes, stream_bytes
 
 OPS = {K.SUM: np.add, K.MAX: np.fmax, K.MIN: np.fmin}
@@ -164,3 +168,38 @@ def test_byte_copies_match_numpy_at_every_alignment_and_dtype():
     rows = np.zeros((4, 16), np.float32)  # a 2-D destination, whole rows
     _copies(rows, 64, src, 0, 128, True)
     assert np.array_equal(rows[1:3].reshape(-1), src[:32]) and not rows[0].any()
+
+
+def _play_single_copy(buffers, words, pieces, bad_address=None):
+    """Run :func:`window._single_copy` for ``len(buffers)`` ranks played in this process
+    (a process may always read itself), round robin, each going on from the stage where
+    it stopped for want of the others' flags: the final stage of each rank."""
+    p, pid, stride = len(buffers), os.getpid(), words.size // len(buffers)
+    tmps = [np.empty(pieces, b.dtype) for b in buffers]
+    stages, done = [0] * p, [False] * p
+    for _ in range(10 * p):
+        for r in range(p):
+            if not done[r]:
+                stages[r] = window._single_copy(buffers[r], tmps[r], words, stride, r, p, 1,
+                                                pid, stages[r], 0, K.SUM)
+                if r == 0 and bad_address is not None:
+                    words[1] = bad_address  # what the others read of rank 0
+                done[r] = stages[r] <= 0
+    return stages
+
+
+def test_the_single_copy_allreduce_reduces_every_slice_through_small_pieces():
+    for p, n in ((2, 11), (3, 11), (4, 3)):  # uneven slices; at 4 ranks one is empty
+        inputs = [np.arange(n, dtype=np.float64) * (k + 1) + k for k in range(p)]
+        buffers = [x.copy() for x in inputs]
+        assert _play_single_copy(buffers, np.zeros(16 * p, np.int64), pieces=2) == [0] * p
+        for b in buffers:
+            np.testing.assert_array_equal(b, np.sum(inputs, axis=0))
+
+
+def test_a_failed_single_copy_read_names_the_rank_and_releases_the_others():
+    buffers = [np.ones(8, np.float32) for _ in range(2)]
+    words = np.zeros(32, np.int64)
+    stages = _play_single_copy(buffers, words, pieces=4, bad_address=8)
+    assert stages == [0, -1]  # rank 1 could not read rank 0: -(0 + 1)
+    assert words[16] == 3  # ... and published its last flag, so rank 0 finished

@@ -83,6 +83,28 @@ def test_two_ranks_take_the_slices_path_for_large_buffers_even_when_copying_cost
             (small if small.seconds < slices.seconds else slices)
 
 
+def test_where_ranks_may_read_each_other_large_private_buffers_take_the_single_copy():
+    """It saves the copy of this rank's slice into the window and pays a third
+    synchronisation: taken above ``p * sync / beta`` bytes, for private buffers of
+    arithmetic dtypes only."""
+    params = CostParams()
+    for layout in (ONE_NODE, dataclasses.replace(ONE_NODE, oversubscribed=True)):
+        readable = dataclasses.replace(layout, single_copy=True)
+        sync, p = sync_cost(layout, params), layout.size
+        switch = p * sync / params.shm.beta
+        for nbytes in (int(switch) // 2, int(switch) * 2):
+            req = allreduce(4 * (nbytes // 4))
+            slices = Shm.slices_cost(req.nbytes, p, params, sync, False)
+            single = Shm.single_copy_cost(req.nbytes, p, params, sync)
+            assert SHM.cost(req, readable, params) == (single if nbytes > switch else slices)
+            assert SHM.cost(req, layout, params) == slices  # not where reads are refused
+            assert SHM.cost(dataclasses.replace(req, dtype=DTYPES["bfloat16"]), readable,
+                            params).seconds == pytest.approx(
+                Shm.slices_cost(req.nbytes // 2, p, params, sync, False).seconds)
+        large = dataclasses.replace(allreduce(int(switch) * 4), resident=True)
+        assert SHM.cost(large, readable, params) == SHM.cost(large, layout, params)
+
+
 def test_forcing_an_algorithm_that_cannot_serve_says_why():
     with pytest.raises(CommError, match="needs all ranks on one node"):
         select.choose(allreduce(64), TWO_NODES, CostParams(), "shm")
