@@ -101,7 +101,10 @@ class CostParams:
     round and per byte of the rounds' messages and the rank's own copy, ``native``
     (``MPI_Alltoallv``) per peer and per byte to or from the busiest rank.
     ``oversubscribed`` multiplies every latency when more ranks than cores share a node
-    (waiting for a descheduled peer dominates there).
+    (waiting for a descheduled peer dominates there): the median ratio of a 4-rank
+    calibration's latencies on the same VM to these (3.9, of 1.8-10 over the seven links,
+    2026-12-06; it was 20, which kept the single-copy paths off at 4 ranks to 256 KiB
+    all-to-all and 4.7 MB allreduce, where they measured faster from 64-256 KiB).
     """
 
     p2p: Link = Link(4.9e-6, 1.33e-10)
@@ -114,7 +117,7 @@ class CostParams:
     exchange_cma: Link = Link(4.17e-6, 7.97e-11)
     exchange_p2p: Link = Link(1.29e-5, 8.73e-11)
     exchange_native: Link = Link(7.51e-6, 2.16e-10)
-    oversubscribed: float = 20.0
+    oversubscribed: float = 4.0
     source: str = field(default="built-in defaults", compare=False)
 
     def to_dict(self) -> dict[str, Any]:
