@@ -413,7 +413,6 @@ class SingleCopy(Exchange):
                             f"ended?)")
 
 
-
 @numba.njit(cache=True, nogil=True)
 def _cma_exchange(send, out, words, info, rank, stride, value, pid, polls, stage):
     """From ``stage`` on: 0, publish ``send``'s address and this process's pid beside flag
