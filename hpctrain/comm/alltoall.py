@@ -524,11 +524,13 @@ def _chosen(matrix: Matrix, group: Group, algorithm: str) -> Exchange:
 def compile_kernels() -> None:
     """Run the exchange's numba passes once, on one rank's worth of dummy data with the
     argument types of a real exchange (matrices from :func:`exchange_counts` are strided
-    views; the arrays the all-to-all store and the benchmarks exchange: bytes, ids, flat
-    and row-shaped float32), so that the first exchange of a run does not compile them."""
+    views, their transposes, which the column-wise store describes, Fortran-ordered; the
+    arrays the all-to-all store and the benchmarks exchange: bytes, ids, flat and
+    row-shaped float32), so that the first exchange of a run does not compile them."""
     for counts in (np.ones((1, 1), np.int64), np.ones((2, 3), np.int64)[:, :-1]):
         Matrix(counts, 0, 8)
         _counts_fit(counts[0], 1, 1)
+    Matrix(np.ones((2, 2), np.int64).T, 0, 8)
     info = Matrix(np.ones((1, 1), np.int64), 0, 8).info  # one rank, one row of 8 bytes
     mem = np.zeros(128, np.uint8)
     for send in (np.zeros(8, np.uint8), np.zeros(1, np.int64), np.zeros(2, np.float32),

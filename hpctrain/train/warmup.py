@@ -2,13 +2,15 @@
 
 On a machine's first run numba compiles the lookups' unique rows, the sparse optimizers, the
 gradient coalescing (of contiguous arrays and of a gathered push's strided views), the
-reduction kernels, the all-to-all's passes and copies (and its store's placement and
-packing), the frequency sketch, the hot-set planner's passes, the hot tier's re-tiering
-copy, and the hot gradients' segment writing and records' sum (``cache=True``: later runs
-load them from ``__pycache__``); compiling inside the first step left the progress bar at
-step 1 for seconds with no word why. :func:`prepare_kernels` runs each kernel once on a few
-elements, through the same entry points and argument types as the step, and says on rank 0
-how long that took and whether the kernels were compiled or loaded from numba's cache.
+parameter-server client's routing, the reduction kernels and the shared window's copy-in,
+the all-to-all's passes and copies (and its store's placement and packing), the frequency
+sketch, the hot-set planner's passes, the hot tier's re-tiering copy, and the hot
+gradients' segment writing and records' sum
+(``cache=True``: later runs load them from ``__pycache__``); compiling inside the first
+step left the progress bar at step 1 for seconds with no word why. :func:`prepare_kernels`
+runs each kernel once on a few elements, through the same entry points and argument types
+as the step, and says on rank 0 how long that took and whether the kernels were compiled
+or loaded from numba's cache.
 """
 
 from __future__ import annotations
@@ -22,18 +24,23 @@ import numpy as np
 from embeddings import alltoall as sharded
 from embeddings import collection, freq, hotcold, hotsum, hottier, worker_sharding
 from embeddings.optim import SparseOptimizer, coalesce
+from embeddings.sharding import Placement, plan_sharding
 from embeddings.tables import pack_rows, unpack_rows
-from hpctrain.comm import alltoall, kernels
+from embeddings.types import TableSpec
+from hpctrain.comm import alltoall, kernels, window
+from ps import kernels as ps_kernels
 
 __all__ = ["prepare_kernels"]
 
 log = logging.getLogger(__name__)
 
 
-def prepare_kernels(optimizers: Sequence[SparseOptimizer], tiering: bool) -> tuple[float, int]:
+def prepare_kernels(optimizers: Sequence[SparseOptimizer], tiering: bool,
+                    parameter_server: bool = False) -> tuple[float, int]:
     """Compile or load the kernels of a step with the row ``optimizers`` (and the tiered
-    store's frequency sketch when ``tiering``); returns (seconds, kernels compiled)."""
-    dispatchers = _dispatchers(tiering)
+    store's frequency sketch when ``tiering``, the client's routing of rows to servers when
+    ``parameter_server``); returns (seconds, kernels compiled)."""
+    dispatchers = _dispatchers(tiering, parameter_server)
     misses = sum(sum(d.stats.cache_misses.values()) for d in dispatchers)
     log.info("preparing the numba kernels (compiled on a machine's first run, then loaded "
              "from numba's cache)")
@@ -48,15 +55,22 @@ def prepare_kernels(optimizers: Sequence[SparseOptimizer], tiering: bool) -> tup
     for dtype in (np.float32, np.float64):
         flat, own = np.zeros(8, dtype), np.zeros(4, dtype)
         kernels.reduce_pair(own, flat[:4], kernels.SUM, kernels.ARITH)
+        window._fill(np.zeros(64, np.uint8), 0, flat, 0, flat.nbytes)  # Window.fill
         for mode in (0, 1, 2):
             kernels.reduce_slice(flat, 4, 2, 0, own, 0, 4, mode, kernels.SUM, kernels.ARITH)
     alltoall.compile_kernels()
     sharded.compile_kernels()
+    if parameter_server:  # as the client routes a pull: tables and ids of sorted rows
+        placement = Placement(plan_sharding([TableSpec("t", 4, 2)], 1))
+        ps_kernels.route(np.zeros(2, np.int64), np.arange(2, dtype=np.int64),
+                         np.zeros(1, np.int64), 1, *placement.arrays)
     if tiering:
         sketch = freq.CountMinSketch(64, 2, seed=0)
         sketch.add(rows, np.ones(3, np.float32))
         planner = hotcold.HotSetPlanner(freq.FrequencyTracker([4], 8, 4, 1), 1)
-        planner.record(*hotcold.merge_seen(rows, np.ones(3, np.float32), np.zeros(3, np.int64)))
+        seen = hotcold.merge_seen(rows, np.ones(3, np.float32), np.zeros(3, np.int64))
+        planner.record(*seen)
+        planner.record(*seen)  # a second observation: the candidates' merge
         planner.plan()
         hottier._reslot(unique, np.arange(2), unique, 2)
         freq.LookupTotals(4, 16).add(unique, np.ones(2, np.float32))
@@ -75,12 +89,13 @@ def prepare_kernels(optimizers: Sequence[SparseOptimizer], tiering: bool) -> tup
     return seconds, compiled
 
 
-def _dispatchers(tiering: bool) -> list:
+def _dispatchers(tiering: bool, parameter_server: bool) -> list:
     """The numba dispatchers :func:`prepare_kernels` reaches (for their cache counters)."""
     from embeddings import optim
 
     found = [getattr(module, name)
-             for module in (optim, kernels, alltoall, sharded, worker_sharding, collection,
+             for module in (optim, kernels, window, alltoall, sharded, worker_sharding,
+                            collection, *((ps_kernels,) if parameter_server else ()),
                             *((freq, hotcold, hotsum, hottier) if tiering else ()))
              for name in dir(module)]
     return [d for d in found if hasattr(d, "stats") and hasattr(d.stats, "cache_misses")]
