@@ -423,10 +423,8 @@ def _cma_exchange(send, out, words, info, rank, stride, value, pid, polls, stage
     ``-(k + 1)`` when reading rank ``k`` failed (its flag still published, so no rank waits
     for this one)."""
     p = (info.size - _HEAD - 2) // 6
-    at = rank * stride
     if stage == 0:
-        words[at + 1] = send.ctypes.data
-        words[at + 2] = pid
+        cma.publish(words, stride, rank, send, pid)
         publish_flag(words, stride, rank, value, 0)
         lo, hi = info[_HEAD + rank], info[_HEAD + rank + 1]
         copy_bytes(out, info[_HEAD + p + 1 + rank], send, lo, hi - lo)
@@ -438,9 +436,8 @@ def _cma_exchange(send, out, words, info, rank, stride, value, pid, polls, stage
         iov = np.empty(4, np.int64)
         for k in range(p):
             lo, hi = info[received + k], info[received + k + 1]
-            if hi > lo and k != rank and not cma.read(
-                    words[k * stride + 2], words[k * stride + 1] + info[starts + k], out, lo,
-                    hi - lo, iov):
+            if hi > lo and k != rank and not cma.read_published(
+                    words, stride, k, info[starts + k], out, lo, hi - lo, iov):
                 publish_flag(words, stride, rank, value + 1, 0)
                 return -(k + 1)
         publish_flag(words, stride, rank, value + 1, 0)

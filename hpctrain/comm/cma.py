@@ -19,7 +19,7 @@ import numpy as np
 from mpi4py import MPI
 from numba import types
 
-__all__ = ["read", "works"]
+__all__ = ["read", "publish", "read_published", "works"]
 
 # All six arguments are machine words (pid, two iovec arrays and their lengths, flags);
 # bound by name, so that the numba functions calling it can be cached.
@@ -38,6 +38,22 @@ def read(pid, address, dst, at, n, iov):
     iov[2] = address
     iov[3] = n
     return _process_vm_readv(pid, iov.ctypes.data, 1, iov.ctypes.data + 16, 1, 0) == n
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def publish(words, stride, rank, buffer, pid):
+    """Put where ``buffer`` lies and this process's pid in words 1 and 2 of ``rank``'s
+    chunk of a shared window (``words``: the window as int64, ``stride``: a chunk in
+    words), beside its first flag, for :func:`read_published`."""
+    words[rank * stride + 1] = buffer.ctypes.data
+    words[rank * stride + 2] = pid
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def read_published(words, stride, k, offset, dst, at, n, iov):
+    """:func:`read` of ``n`` bytes from byte ``offset`` of the buffer rank ``k``
+    published (:func:`publish`)."""
+    return read(words[k * stride + 2], words[k * stride + 1] + offset, dst, at, n, iov)
 
 
 def _allow_peers() -> None:

@@ -420,8 +420,7 @@ def _single_copy(arr, tmp, words, stride, rank, p, value, pid, stage, polls, op)
     a, b = _bound(n, p, rank), _bound(n, p, rank + 1)
     iov = np.empty(4, np.int64)
     if stage == 0:
-        words[rank * stride + 1] = arr.ctypes.data
-        words[rank * stride + 2] = pid
+        cma.publish(words, stride, rank, arr, pid)
         publish_flag(words, stride, rank, value, 0)
         stage = 1
     if stage == 1:
@@ -429,10 +428,10 @@ def _single_copy(arr, tmp, words, stride, rank, p, value, pid, stage, polls, op)
             return 1
         for k in range(p):
             if k != rank:
-                at, owner = words[k * stride + 1], words[k * stride + 2]
                 for lo in range(a, b, tmp.size):
                     m = min(tmp.size, b - lo)
-                    if not cma.read(owner, at + lo * size, tmp, 0, m * size, iov):
+                    if not cma.read_published(words, stride, k, lo * size, tmp, 0, m * size,
+                                              iov):
                         publish_flag(words, stride, rank, value + 2, 0)
                         return -(k + 1)
                     _accumulate(arr[lo:lo + m], tmp[:m], op)
@@ -443,9 +442,8 @@ def _single_copy(arr, tmp, words, stride, rank, p, value, pid, stage, polls, op)
             return 2
         for k in range(p):
             ka, kb = _bound(n, p, k), _bound(n, p, k + 1)
-            if k != rank and kb > ka and not cma.read(
-                    words[k * stride + 2], words[k * stride + 1] + ka * size, arr, ka * size,
-                    (kb - ka) * size, iov):
+            if k != rank and kb > ka and not cma.read_published(
+                    words, stride, k, ka * size, arr, ka * size, (kb - ka) * size, iov):
                 publish_flag(words, stride, rank, value + 2, 0)
                 return -(k + 1)
         publish_flag(words, stride, rank, value + 2, 0)
