@@ -63,7 +63,7 @@ from hpctrain.runtime.waiting import watching
 
 __all__ = ["Window", "Resident", "ResidentAllreduce", "allreduce_small", "allreduce_slices",
            "allreduce_resident", "allreduce_pipelined", "allreduce_single_copy", "piece_bytes",
-           "complete", "open_windows", "publish_flag", "flags_reached"]
+           "complete", "compile_kernels", "open_windows", "publish_flag", "flags_reached"]
 
 _LINE = 64
 # A numba kernel's flag poll costs a few nanoseconds, a poll of :meth:`Window.wait` a few
@@ -124,6 +124,13 @@ def flags_reached(words, stride, ranks, value, polls, slot):
             _fence()
             return True
     return False
+
+
+def compile_kernels() -> None:
+    """Run :meth:`Window.fill`'s numba call once for the dtypes a step's small allreduces
+    copy in (float32 and float64), so that the first allreduce of a run does not compile it."""
+    for dtype in (np.float32, np.float64):
+        _fill(np.zeros(64, np.uint8), 0, np.zeros(8, dtype), 0, 8)
 
 
 class Window:

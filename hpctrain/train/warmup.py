@@ -5,12 +5,11 @@ gradient coalescing (of contiguous arrays and of a gathered push's strided views
 parameter-server client's routing, the reduction kernels and the shared window's copy-in,
 the all-to-all's passes and copies (and its store's placement and packing), the frequency
 sketch, the hot-set planner's passes, the hot tier's re-tiering copy, and the hot
-gradients' segment writing and records' sum
-(``cache=True``: later runs load them from ``__pycache__``); compiling inside the first
-step left the progress bar at step 1 for seconds with no word why. :func:`prepare_kernels`
-runs each kernel once on a few elements, through the same entry points and argument types
-as the step, and says on rank 0 how long that took and whether the kernels were compiled
-or loaded from numba's cache.
+gradients' segment writing and records' sum (``cache=True``: later runs load them from
+``__pycache__``); compiling inside the first step left the progress bar at step 1 for
+seconds with no word why. :func:`prepare_kernels` runs each kernel once on a few elements,
+through the same entry points and argument types as the step, and says on rank 0 how long
+that took and whether the kernels were compiled or loaded from numba's cache.
 """
 
 from __future__ import annotations
@@ -55,9 +54,9 @@ def prepare_kernels(optimizers: Sequence[SparseOptimizer], tiering: bool,
     for dtype in (np.float32, np.float64):
         flat, own = np.zeros(8, dtype), np.zeros(4, dtype)
         kernels.reduce_pair(own, flat[:4], kernels.SUM, kernels.ARITH)
-        window._fill(np.zeros(64, np.uint8), 0, flat, 0, flat.nbytes)  # Window.fill
         for mode in (0, 1, 2):
             kernels.reduce_slice(flat, 4, 2, 0, own, 0, 4, mode, kernels.SUM, kernels.ARITH)
+    window.compile_kernels()
     alltoall.compile_kernels()
     sharded.compile_kernels()
     if parameter_server:  # as the client routes a pull: tables and ids of sorted rows
