@@ -20,6 +20,9 @@ dearest per byte is kept), so the model holds at both ends of the size range:
 - ``gamma``: the reduction kernel's time per byte (into the window);
 - ``native`` and ``torch``: ``MPI_Allreduce`` and gloo's allreduce, as
   ``alpha * ceil(log2 p) + beta * 2 (p-1)/p * bytes``;
+- ``single_copy``: the shared window's single-copy allreduce over the node's ranks, timed
+  whole at 1 and 4 MiB, against ``2 (q-1)/q * bytes`` (where the ranks can read each
+  other's memory);
 - ``exchange_shm``, ``exchange_cma``, ``exchange_p2p``, ``exchange_native``: the
   all-to-all's exchanges, each timed whole through
   :func:`~hpctrain.comm.alltoall.alltoallv` on totals of 8 bytes and 64 KiB-4 MiB split
@@ -49,7 +52,7 @@ from hpctrain.comm.collectives import allreduce
 from hpctrain.comm.group import Group
 from hpctrain.comm.recursive import HALVING_DOUBLING
 from hpctrain.comm.types import DTYPES, CostParams, Link, Request
-from hpctrain.comm.window import Window, allreduce_small
+from hpctrain.comm.window import Window, allreduce_single_copy, allreduce_small
 
 __all__ = ["calibrate", "run_calibrate"]
 
@@ -149,11 +152,29 @@ def calibrate(group: Group) -> CostParams:
             torch_link = fit(allreduce_point(8, "torch"),
                              [allreduce_point(n, "torch") for n in _SIZES[:2]], layout.log2)
     exchanges = _exchanges(group) if p > 1 else {}
+    single_copy = _single_copy(group) if layout.single_copy and layout.local_size > 1 \
+        else defaults.single_copy
     params = CostParams(p2p=p2p, net=net, shm=Link(max(sync, 1e-8), copy), gamma=gamma,
-                        native=native, torch=torch_link, **exchanges,
+                        native=native, torch=torch_link, single_copy=single_copy, **exchanges,
                         oversubscribed=1.0 if layout.oversubscribed else defaults.oversubscribed,
                         source="calibrated")
     return comm.bcast(params, root=0)
+
+
+def _single_copy(group: Group) -> Link:
+    """The single-copy allreduce's line over each node's ranks, from whole calls at 1 and
+    4 MiB, where it overtakes the window path (larger ones leave the cache and would price
+    every size at memory's cost per byte; collective over ``group``)."""
+    q = group.layout.local_size
+
+    def point(nbytes: int) -> tuple[float, float]:
+        buf = np.zeros(nbytes // 4, np.float32)
+
+        def call() -> None:
+            allreduce_single_copy(buf, group.arena(0), kernels.SUM)
+        call()
+        return 2.0 * (q - 1) / q * nbytes, _best(group.comm, call, _calls(nbytes))
+    return fit(point(1 << 20), [point(4 << 20)])
 
 
 def _exchanges(group: Group) -> dict[str, Link]:

@@ -77,12 +77,14 @@ class Shm(Algorithm):
                     compute_s=params.gamma * (p - 1) / p * nbytes)
 
     @staticmethod
-    def single_copy_cost(nbytes: int, p: int, params: CostParams, sync: float) -> Cost:
-        """Three synchronisations; rank ``r`` reads the others' parts of slice ``r`` and
-        folds them in, then reads the others' reduced slices: ``2 (p-1)/p`` copies (a read
-        across processes measured at 0.8-0.9x a copy's bandwidth), none into the window."""
-        return Cost(latency_s=3 * sync, transfer_s=params.shm.beta * 2.0 * (p - 1) / p * nbytes,
-                    compute_s=params.gamma * (p - 1) / p * nbytes)
+    def single_copy_cost(nbytes: int, p: int, params: CostParams, layout: Layout) -> Cost:
+        """Rank ``r`` reads the others' parts of slice ``r`` and folds them in, then reads
+        the others' reduced slices: ``2 (p-1)/p`` copies, none into the window, priced by
+        the ``single_copy`` line fitted to whole calls (``CostParams``)."""
+        line = params.single_copy
+        return Cost(latency_s=line.alpha * (params.oversubscribed if layout.oversubscribed
+                                            else 1.0),
+                    transfer_s=line.beta * 2.0 * (p - 1) / p * nbytes)
 
     def _large(self, req: Request, layout: Layout, params: CostParams) -> tuple[Cost, bool]:
         """The cost of an allreduce above :func:`small_limit` and whether the single-copy
@@ -93,7 +95,7 @@ class Shm(Algorithm):
         slices = self.slices_cost(n, p, params, sync, req.resident)
         if not (layout.single_copy and not req.resident and req.dtype.kind == kernels.ARITH):
             return slices, False
-        single = self.single_copy_cost(n, p, params, sync)
+        single = self.single_copy_cost(n, p, params, layout)
         return (single, True) if single.seconds < slices.seconds else (slices, False)
 
     def cost(self, req: Request, layout: Layout, params: CostParams) -> Cost:

@@ -82,7 +82,8 @@ class CostParams:
     """Machine parameters of the cost model (defaults: medians of three ``hpctrain bench
     calibrate`` runs on two ranks of this project's 2-core VM with the MPICH wheel,
     ``shm`` again once the copies into the shared window became streaming stores, the
-    ``exchange_*`` lines all on one day, 2026-12-06, when the single-copy exchange came;
+    ``exchange_*`` lines all on one day, 2026-12-06, when the single-copy exchange came,
+    ``single_copy`` later that day;
     ``net`` is a guess for a cluster network).
 
     ``p2p`` is a step of the point-to-point algorithms between ranks of a node (ring, tree,
@@ -100,6 +101,13 @@ class CostParams:
     to or from the others plus the largest own segment, ``p2p`` (pairwise, one node) per
     round and per byte of the rounds' messages and the rank's own copy, ``native``
     (``MPI_Alltoallv``) per peer and per byte to or from the busiest rank.
+    ``single_copy`` prices the shared window's single-copy allreduce
+    (:func:`~hpctrain.comm.window.allreduce_single_copy`), timed whole at 1 and 4 MiB: per call
+    and per byte of ``2 (p-1)/p * bytes``, its reduction included. Its ``alpha`` is less a
+    latency than the fit of where it loses: reading another process's pages costs more per
+    byte than the window path's second copy while that copy stays in cache (it measured
+    1.2-2x the window path's time from 64 KiB to 1 MiB at 2 ranks and to 2 MiB at 4, and
+    0.65-0.95x at 4-8 MiB).
     ``oversubscribed`` multiplies every latency when more ranks than cores share a node
     (waiting for a descheduled peer dominates there): the median ratio of a 4-rank
     calibration's latencies on the same VM to these (3.9, of 1.8-10 over the seven links,
@@ -117,6 +125,7 @@ class CostParams:
     exchange_cma: Link = Link(4.17e-6, 7.97e-11)
     exchange_p2p: Link = Link(1.29e-5, 8.73e-11)
     exchange_native: Link = Link(7.51e-6, 2.16e-10)
+    single_copy: Link = Link(5.44e-5, 8.47e-11)
     oversubscribed: float = 4.0
     source: str = field(default="built-in defaults", compare=False)
 

@@ -16,9 +16,9 @@ def test_calibrate_then_bench_with_json_and_plot(tmp_path):
     assert result.returncode == 0, result.stdout
     params = json.loads(cal.read_text())["params"]
     exchanges = ("exchange_shm", "exchange_cma", "exchange_p2p", "exchange_native")
-    assert {"p2p", "shm", "gamma", "native", "torch", *exchanges} <= set(params)
+    assert {"p2p", "shm", "gamma", "native", "torch", "single_copy", *exchanges} <= set(params)
     assert all(params[k]["alpha"] > 0 and params[k]["beta"] > 0
-               for k in ("p2p", "native", *exchanges))
+               for k in ("p2p", "native", "single_copy", *exchanges))
 
     out, png = tmp_path / "rows.json", tmp_path / "busbw.png"
     result = run_mpi([*HPCTRAIN, "bench", "allreduce", "--sizes", "4KiB,256KiB", "--reps", "2",

@@ -84,25 +84,34 @@ def test_two_ranks_take_the_slices_path_for_large_buffers_even_when_copying_cost
 
 
 def test_where_ranks_may_read_each_other_large_private_buffers_take_the_single_copy():
-    """It saves the copy of this rank's slice into the window and pays a third
-    synchronisation: taken above ``p * sync / beta`` bytes, for private buffers of
-    arithmetic dtypes only."""
+    """It saves the copy of this rank's slice into the window: taken where its fitted line
+    costs less than the slices path, for private buffers of arithmetic dtypes only."""
     params = CostParams()
     for layout in (ONE_NODE, dataclasses.replace(ONE_NODE, oversubscribed=True)):
         readable = dataclasses.replace(layout, single_copy=True)
         sync, p = sync_cost(layout, params), layout.size
-        switch = p * sync / params.shm.beta
-        for nbytes in (int(switch) // 2, int(switch) * 2):
-            req = allreduce(4 * (nbytes // 4))
-            slices = Shm.slices_cost(req.nbytes, p, params, sync, False)
-            single = Shm.single_copy_cost(req.nbytes, p, params, sync)
-            assert SHM.cost(req, readable, params) == (single if nbytes > switch else slices)
+        taken = []
+        for nbytes in (1 << 18, 1 << 20, 1 << 22, 1 << 24, 1 << 26):
+            req = allreduce(nbytes)
+            slices = Shm.slices_cost(nbytes, p, params, sync, False)
+            single = Shm.single_copy_cost(nbytes, p, params, layout)
+            assert SHM.cost(req, readable, params) == min(single, slices,
+                                                          key=lambda c: c.seconds)
+            taken.append(single.seconds < slices.seconds)
             assert SHM.cost(req, layout, params) == slices  # not where reads are refused
             assert SHM.cost(dataclasses.replace(req, dtype=DTYPES["bfloat16"]), readable,
                             params).seconds == pytest.approx(
-                Shm.slices_cost(req.nbytes // 2, p, params, sync, False).seconds)
-        large = dataclasses.replace(allreduce(int(switch) * 4), resident=True)
-        assert SHM.cost(large, readable, params) == SHM.cost(large, layout, params)
+                Shm.slices_cost(nbytes // 2, p, params, sync, False).seconds)
+            resident = dataclasses.replace(req, resident=True)
+            assert SHM.cost(resident, readable, params) == SHM.cost(resident, layout, params)
+        assert taken == sorted(taken) and taken[-1] and not taken[0]  # one switch, upwards
+    # the defaults' switch lies where 2 ranks measured it: the window path to 1 MiB, the
+    # single copy from 4 MiB
+    two = dataclasses.replace(ONE_NODE, size=2, local_size=2, single_copy=True)
+    assert SHM.cost(allreduce(1 << 20), two, params).latency_s == \
+        pytest.approx(2 * sync_cost(two, params))
+    assert SHM.cost(allreduce(4 << 20), two, params) == \
+        Shm.single_copy_cost(4 << 20, 2, params, two)
 
 
 def test_forcing_an_algorithm_that_cannot_serve_says_why():
