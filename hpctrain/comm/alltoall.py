@@ -221,10 +221,6 @@ class Exchange(ABC):
         ``matrix.bytes[rank, :]`` and ``matrix.bytes[:, rank]``."""
 
 
-def _latency(alpha: float, layout: Layout, params: CostParams) -> float:
-    return alpha * (params.oversubscribed if layout.oversubscribed else 1.0)
-
-
 def _dearer(a: Cost, b: Cost) -> Cost:
     """The larger of two predictions: across nodes an exchange costs at least what it
     measured on one node (``exchange_*``) and at least what the network's link gives."""
@@ -240,12 +236,12 @@ class Pairwise(Exchange):
     def cost(self, matrix: Matrix, layout: Layout, params: CostParams) -> Cost:
         _, _, kept, rounds, _ = matrix.maxima
         peers, near = matrix.size - 1, params.exchange_p2p
-        measured = Cost(latency_s=_latency(near.alpha, layout, params) * peers,
+        measured = Cost(latency_s=params.latency(near.alpha, layout) * peers,
                         transfer_s=near.beta * (rounds + kept))
         if layout.nodes == 1:
             return measured
         net = params.net
-        return _dearer(measured, Cost(latency_s=_latency(net.alpha, layout, params) * peers,
+        return _dearer(measured, Cost(latency_s=params.latency(net.alpha, layout) * peers,
                                       transfer_s=net.beta * rounds + params.shm.beta * kept))
 
     def run(self, send: np.ndarray, out: np.ndarray, matrix: Matrix, group: Group) -> None:
@@ -274,7 +270,7 @@ class SharedMemory(Exchange):
 
     def cost(self, matrix: Matrix, layout: Layout, params: CostParams) -> Cost:
         near = params.exchange_shm
-        return Cost(latency_s=_latency(near.alpha, layout, params),
+        return Cost(latency_s=params.latency(near.alpha, layout),
                     transfer_s=near.beta * matrix.maxima[0])
 
     def run(self, send: np.ndarray, out: np.ndarray, matrix: Matrix, group: Group) -> None:
@@ -393,7 +389,7 @@ class SingleCopy(Exchange):
     def cost(self, matrix: Matrix, layout: Layout, params: CostParams) -> Cost:
         near = params.exchange_cma
         _, across, kept, _, _ = matrix.maxima
-        return Cost(latency_s=_latency(near.alpha, layout, params),
+        return Cost(latency_s=params.latency(near.alpha, layout),
                     transfer_s=near.beta * (across + kept))
 
     def run(self, send: np.ndarray, out: np.ndarray, matrix: Matrix, group: Group) -> None:
@@ -454,13 +450,13 @@ class NativeAlltoallv(Exchange):
 
     def cost(self, matrix: Matrix, layout: Layout, params: CostParams) -> Cost:
         peers, across, near = matrix.size - 1, matrix.maxima[1], params.exchange_native
-        measured = Cost(latency_s=_latency(near.alpha, layout, params) * peers,
+        measured = Cost(latency_s=params.latency(near.alpha, layout) * peers,
                         transfer_s=near.beta * across)
         if layout.nodes == 1:
             return measured
         far = Link(max(params.native.alpha, params.net.alpha),
                    max(params.native.beta, params.net.beta))
-        return _dearer(measured, Cost(latency_s=_latency(far.alpha, layout, params) * peers,
+        return _dearer(measured, Cost(latency_s=params.latency(far.alpha, layout) * peers,
                                       transfer_s=far.beta * across))
 
     def run(self, send: np.ndarray, out: np.ndarray, matrix: Matrix, group: Group) -> None:

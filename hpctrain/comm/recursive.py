@@ -120,8 +120,7 @@ class _Recursive(Algorithm):
     @staticmethod
     def _link(layout: Layout, params: CostParams) -> tuple[float, float]:
         link = params.net if layout.nodes > 1 else params.p2p
-        return link.alpha * (params.oversubscribed if layout.oversubscribed else 1.0), \
-            link.beta
+        return params.latency(link.alpha, layout), link.beta
 
 
 class RecursiveDoubling(_Recursive):

@@ -78,8 +78,7 @@ class Ring(Algorithm):
 
     def cost(self, req: Request, layout: Layout, params: CostParams) -> Cost:
         link = params.net if layout.nodes > 1 else params.p2p
-        scale = params.oversubscribed if layout.oversubscribed else 1.0
-        return ring_cost(req.primitive, req.nbytes, layout.size, link.alpha * scale,
+        return ring_cost(req.primitive, req.nbytes, layout.size, params.latency(link.alpha, layout),
                          link.beta, params.gamma)
 
     def run(self, req: Request, arr: np.ndarray, group: Group) -> None:

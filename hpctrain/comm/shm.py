@@ -46,7 +46,7 @@ def small_limit(layout: Layout, params: CostParams) -> float:
 
 def sync_cost(layout: Layout, params: CostParams) -> float:
     """Seconds of one flag synchronisation (longer when a peer may be descheduled)."""
-    return params.shm.alpha * (params.oversubscribed if layout.oversubscribed else 1.0)
+    return params.latency(params.shm.alpha, layout)
 
 
 class Shm(Algorithm):
@@ -82,8 +82,7 @@ class Shm(Algorithm):
         the others' reduced slices: ``2 (p-1)/p`` copies, none into the window, priced by
         the ``single_copy`` line fitted to whole calls (``CostParams``)."""
         line = params.single_copy
-        return Cost(latency_s=line.alpha * (params.oversubscribed if layout.oversubscribed
-                                            else 1.0),
+        return Cost(latency_s=params.latency(line.alpha, layout),
                     transfer_s=line.beta * 2.0 * (p - 1) / p * nbytes)
 
     def _large(self, req: Request, layout: Layout, params: CostParams) -> tuple[Cost, bool]:

@@ -70,9 +70,9 @@ class Tree(Algorithm):
 
     def cost(self, req: Request, layout: Layout, params: CostParams) -> Cost:
         link = params.net if layout.nodes > 1 else params.p2p
-        scale = params.oversubscribed if layout.oversubscribed else 1.0
         rounds, n = layout.log2, req.nbytes
-        down = Cost(latency_s=link.alpha * scale * rounds, transfer_s=link.beta * n * rounds)
+        down = Cost(latency_s=params.latency(link.alpha, layout) * rounds,
+                    transfer_s=link.beta * n * rounds)
         up = down + Cost(compute_s=params.gamma * n * rounds)
         return {"allreduce": up + down, "reduce": up, "broadcast": down}[req.primitive]
 

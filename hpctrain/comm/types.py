@@ -129,6 +129,11 @@ class CostParams:
     oversubscribed: float = 4.0
     source: str = field(default="built-in defaults", compare=False)
 
+    def latency(self, alpha: float, layout: Layout) -> float:
+        """``alpha`` as ``layout``'s ranks pay it: times ``oversubscribed`` where they
+        outnumber the cores."""
+        return alpha * (self.oversubscribed if layout.oversubscribed else 1.0)
+
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out.pop("source")
