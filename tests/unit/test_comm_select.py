@@ -112,6 +112,13 @@ def test_where_ranks_may_read_each_other_large_private_buffers_take_the_single_c
         pytest.approx(2 * sync_cost(two, params))
     assert SHM.cost(allreduce(4 << 20), two, params) == \
         Shm.single_copy_cost(4 << 20, 2, params, two)
+    # and at 4 ranks on fewer cores about 16 MB: the window path at 8 MiB, the single copy
+    # at 32 MiB
+    four = dataclasses.replace(ONE_NODE, single_copy=True, oversubscribed=True)
+    assert SHM.cost(allreduce(8 << 20), four, params).latency_s == \
+        pytest.approx(2 * sync_cost(four, params))
+    assert SHM.cost(allreduce(32 << 20), four, params) == \
+        Shm.single_copy_cost(32 << 20, 4, params, four)
 
 
 def test_forcing_an_algorithm_that_cannot_serve_says_why():
