@@ -59,20 +59,20 @@ class HotTier:
             if seen is rows:
                 self._located.insert(0, self._located.pop(at))
                 return hot, slots
-        at = np.searchsorted(self.rows, rows)
-        hot = np.zeros(len(rows), dtype=bool)
-        inside = at < len(self.rows)
-        hot[inside] = self.rows[at[inside]] == rows[inside]
-        slots = self.slot_of.take(at, mode="clip") if len(self.rows) else at
+        hot, slots = _locate(self.rows, self.slot_of,
+                             np.ascontiguousarray(rows, dtype=np.int64))
         hot.flags.writeable = slots.flags.writeable = False
         self._located = [(rows, hot, slots), *self._located[: _KEEP - 1]]
         return hot, slots
 
-    def gather(self, slots: np.ndarray) -> np.ndarray:
-        """Values at ``slots`` as host float32 ``[n, dim]``."""
+    def read(self, rows: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """The values of the hot ones of ``rows`` into their lines of ``out`` (host float32
+        ``[len(rows), dim]``); returns the positions of the others, for the caller to fill."""
+        hot, slots = self.locate(rows)
         if self.device.type == "cpu":
-            return self.weight.numpy().take(slots, axis=0)
-        return self._host(self.weight[self._index(slots)])
+            return _read(self.weight.numpy(), hot, slots, out)
+        out[hot] = self._host(self.weight[self._index(slots[hot])])
+        return np.flatnonzero(~hot)
 
     def export(self, slots: np.ndarray) -> np.ndarray:
         """Values then optimizer state at ``slots``, host float32 ``[n, dim + state]``."""
@@ -163,3 +163,42 @@ def _reslot(old_rows, old_slots, new_rows, slots):  # pragma: no cover - compile
         slot_of[fresh[k]] = free
         free += 1
     return slot_of, fresh[:n]
+
+
+@numba.njit(cache=True, nogil=True)
+def _locate(hot_rows, slot_of, rows):  # pragma: no cover - compiled
+    """Whether each of ``rows`` is in sorted ``hot_rows``, and its slot there (0 if not):
+    a binary search per row, from the last one's place while ``rows`` ascend."""
+    m = len(hot_rows)
+    hot = np.zeros(len(rows), np.bool_)
+    slots = np.zeros(len(rows), np.int64)
+    lo = 0
+    for i in range(len(rows)):
+        row = rows[i]
+        if i and row < rows[i - 1]:
+            lo = 0
+        hi = m
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if hot_rows[mid] < row:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo < m and hot_rows[lo] == row:
+            hot[i] = True
+            slots[i] = slot_of[lo]
+    return hot, slots
+
+
+@numba.njit(cache=True, nogil=True)
+def _read(weight, hot, slots, out):  # pragma: no cover - compiled
+    """``out[i] = weight[slots[i]]`` where ``hot[i]``; returns the other positions."""
+    cold = np.empty(len(hot), np.int64)
+    n = 0
+    for i in range(len(hot)):
+        if hot[i]:
+            out[i] = weight[slots[i]]
+        else:
+            cold[n] = i
+            n += 1
+    return cold[:n]

@@ -58,6 +58,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
+import numba
 import numpy as np
 import torch
 from mpi4py import MPI
@@ -106,6 +107,8 @@ class TieringStats:
     dense_syncs: int = 0  # hot gradients summed by Allreduce of the block
     sparse_syncs: int = 0  # ... by Allgatherv of the touched rows
     carried_syncs: int = 0  # ... in the dense engine's gradient reduction
+    carried_spills: int = 0  # of which some rows did not fit the reduction (an Allgatherv)
+    carried_rows: int = 0  # hot rows those sums updated, on every worker's replica
     sync_bytes: int = 0  # received in those collectives (ring: 2 (W-1)/W of the block or segment)
     retiers: int = 0
     rows_promoted: int = 0
@@ -153,8 +156,7 @@ class TieredStore(EmbeddingStore):
         self.staleness = staleness
         self.hot = HotTier(layout.dim, optimizer, device)
         self.base = HotTier(layout.dim, optimizer, device) if staleness != 0 else None
-        self.rider = HotRider(self.hot, capacity, group.size, group.rank, carry_rows) \
-            if carry_rows else None
+        self.rider = HotRider(self.hot, capacity, self.comm, carry_rows) if carry_rows else None
         tracker = FrequencyTracker(layout.sizes, config.exact_below, config.sketch_width,
                                    config.sketch_depth, capacity)
         self.planner = HotSetPlanner(tracker, capacity, config.policy, config.admission,
@@ -198,12 +200,11 @@ class TieredStore(EmbeddingStore):
     def pull(self, rows: np.ndarray) -> np.ndarray:
         """Hot rows from the replica, the rest in one pull from the cold store."""
         self._finish_sum()
-        hot, slots = self.hot.locate(rows)
         out = np.empty((len(rows), self.dim), dtype=np.float32)
-        out[hot] = self.hot.gather(slots[hot])
-        out[~hot] = self.cold.pull(rows[~hot])
-        self.stats.rows_hot += int(hot.sum())
-        self.stats.rows_cold += len(rows) - int(hot.sum())
+        cold = self.hot.read(rows, out)
+        out[cold] = self.cold.pull(rows[cold])
+        self.stats.rows_hot += len(rows) - len(cold)
+        self.stats.rows_cold += len(cold)
         return out
 
     def prefetch(self, rows: np.ndarray, ahead: int) -> None:
@@ -214,12 +215,8 @@ class TieredStore(EmbeddingStore):
     def observe(self, rows: np.ndarray, counts: np.ndarray) -> None:
         """Count the lookups per table and hits, and keep the rows for the next re-tiering
         (not when every row is hot: no re-tiering would ever merge them)."""
-        hot = self.hot.locate(rows)[0]
-        tables = self.layout.table_of(rows)
-        size = len(self.layout.specs)
-        self._recent[0] += np.bincount(tables, weights=counts, minlength=size).astype(np.int64)
-        self._recent[1] += np.bincount(tables[hot], weights=counts[hot],
-                                       minlength=size).astype(np.int64)
+        _count_lookups(self.layout.offsets, rows, counts, self.hot.locate(rows)[0],
+                       self._recent)
         if not self.everything_hot:
             self._seen.append((rows, counts, self.step))
 
@@ -363,8 +360,10 @@ class TieredStore(EmbeddingStore):
         if self.rider is not None:  # the only hot sums in this mode
             workers = self.comm.Get_size()
             stats.carried_syncs = self.rider.applied
+            stats.carried_spills = self.rider.spills
+            stats.carried_rows = self.rider.rows_applied
             stats.sync_bytes = int(self.rider.applied * 2 * (workers - 1) / workers
-                                   * self.rider.segment_bytes())
+                                   * self.rider.segment_bytes()) + self.rider.spill_bytes
         if self._oracle is not None:  # every row hot: so would the best static set be
             stats.oracle_hit_rate = 1.0 if self.everything_hot else \
                 self._oracle.hit_rate(stats.capacity)
@@ -550,3 +549,18 @@ class TieredStore(EmbeddingStore):
                                              + self._pending.nbytes + self._touched.nbytes)
         self.stats.resident_bytes = max(self.stats.resident_bytes,
                                         self.hot.resident_bytes + extra)
+
+
+@numba.njit(cache=True, nogil=True)
+def _count_lookups(offsets, rows, counts, hot, recent):  # pragma: no cover - compiled
+    """Add each row's lookups to its table's count in ``recent[0]``, and in ``recent[1]``
+    where the row is ``hot``; ``offsets`` are the tables' first rows, ascending."""
+    table = 0
+    for i in range(len(rows)):
+        if i and rows[i] < rows[i - 1]:
+            table = 0
+        while table + 1 < len(offsets) and offsets[table + 1] <= rows[i]:
+            table += 1
+        recent[0, table] += counts[i]
+        if hot[i]:
+            recent[1, table] += counts[i]

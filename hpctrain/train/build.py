@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from mpi4py import MPI
 
 from embeddings.alltoall import ShardedTables
 from embeddings.collection import EmbeddingCollection, lookup_rows, sorted_unique
@@ -38,7 +39,7 @@ from hpctrain.comm import Group
 from hpctrain.comm.owner import communicators
 from hpctrain.config import JobConfig, local_period
 from hpctrain.data import Dataset
-from hpctrain.data.sharding import batches_per_epoch
+from hpctrain.data.sharding import batches_per_epoch, local_slice
 from hpctrain.models.dlrm import DLRM
 from hpctrain.parallel.data import DataParallel
 from hpctrain.parallel.groups import parallel_groups
@@ -66,6 +67,7 @@ __all__ = ["Counters", "WorkerParts", "build_worker", "step_count"]
 log = logging.getLogger(__name__)
 
 _SCAN = 1 << 15  # samples per chunk of the warm start's scan (its memory is in proportion)
+_SIZING_STEPS = 16  # steps whose unique rows size the hot gradients' share of the reduction
 
 
 @dataclass
@@ -219,10 +221,23 @@ def _grid_worker(config: JobConfig, topo: Topology, layout: TableLayout,
 
 def _carried_rows(config: JobConfig, dataset: Dataset, layout: TableLayout,
                   group: Group) -> int:
-    """The most rows one worker looks up in a step: its share of the global batch (the
-    largest share, rounded up) times the micro-batches times the tables."""
-    batch = min(config.train.batch_size, dataset.num_samples("train"))
-    return config.train.accumulate * -(-batch // group.size) * len(layout.specs)
+    """Hot rows a worker's step carries in the dense reduction: the most unique rows a
+    worker reads in one of the first :data:`_SIZING_STEPS` steps, over the workers, plus an
+    eighth, at most the most it could read (its share of the batch, rounded up, times the
+    micro-batches and the tables). Hot rows are a part of the unique ones; a step with more
+    sends the rest after the reduction (:class:`~embeddings.hotsum.HotRider`)."""
+    tc, num = config.train, dataset.num_samples("train")
+    bound = tc.accumulate * -(-min(tc.batch_size, num) // group.size) * len(layout.specs)
+    seen = 0
+    for step in range(min(_SIZING_STEPS, step_count(config, dataset))):
+        ids = [dataset.sparse("train", *local_slice(step * tc.accumulate + m, num,
+                                                    tc.batch_size, group.rank, group.size))
+               for m in range(tc.accumulate)]
+        # unchecked: a bad id is the step's to report, with its step
+        seen = max(seen, len(sorted_unique(np.concatenate(ids) + layout.offsets)))
+    with Wait("allreduce", group.comm):
+        most = group.comm.allreduce(seen, op=MPI.MAX)
+    return max(1, min(bound, most + most // 8))
 
 
 def _tiered(config: JobConfig, topo: Topology, layout: TableLayout, client: PSClient,

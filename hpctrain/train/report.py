@@ -211,7 +211,10 @@ def _tiering_rows(summary: Summary) -> list[tuple[str, str]]:
                          f"{first.oracle_hit_rate:.3f}); per table "
                          + " ".join(f"{h / max(n, 1):.2f}" for h, n in
                                     zip(first.table_hits, first.table_lookups, strict=True))),
-        ("tier traffic (worker 0)", f"hot sync {first.sync_bytes / steps / 1024:,.1f} KiB/step, "
+        ("tier traffic (worker 0)", f"hot sync {first.sync_bytes / steps / 1024:,.1f} KiB/step"
+                                    + (f" ({first.carried_rows / steps:,.0f} rows updated "
+                                       f"per step, {first.carried_spills} spilled)"
+                                       if first.carried_syncs else "") + ", "
                                     f"{first.retiers} re-tierings moved "
                                     f"{first.rows_promoted:,} rows in and "
                                     f"{first.rows_demoted:,} out, planned "

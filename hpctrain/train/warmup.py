@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from embeddings import alltoall as sharded
-from embeddings import collection, freq, hotcold, hotsum, hottier, worker_sharding
+from embeddings import collection, freq, hotcold, hotsum, hottier, tiered, worker_sharding
 from embeddings.optim import SparseOptimizer, coalesce
 from embeddings.sharding import Placement, plan_sharding
 from embeddings.tables import pack_rows, unpack_rows
@@ -74,10 +74,15 @@ def prepare_kernels(optimizers: Sequence[SparseOptimizer], tiering: bool,
         hottier._reslot(unique, np.arange(2), unique, 2)
         freq.LookupTotals(4, 16).add(unique, np.ones(2, np.float32))
         records = np.array([1, 0, 1, 2], np.float32)  # one worker's region: 1 record
-        hotsum._sum_records(records, 1, 4, 3, np.full(2, -1, np.int32), np.float32(1))
-        hot, slots = np.array([True, False]), np.array([1, 0])
+        spills = np.empty((0, 3), np.float32)  # none beyond the region
+        hotsum._sum_records(records, 1, 4, 3, 1, spills, np.zeros(1, np.int64),
+                            np.full(2, -1, np.int32), np.float32(1))
+        hot, slots = hottier._locate(unique, np.arange(2), unique)
         hot.flags.writeable = slots.flags.writeable = False  # as the hot tier hands them
-        hotsum._write(records, 0, hot, slots, np.ones((2, 2), np.float32), True)
+        hottier._read(np.zeros((2, 2), np.float32), hot, slots, np.empty((2, 2), np.float32))
+        tiered._count_lookups(np.zeros(1, np.int64), unique, np.ones(2, np.int64), hot,
+                              np.zeros((2, 1), np.int64))
+        hotsum._write(records, 0, 1, hot, slots, np.ones((2, 2), np.float32), True, spills)
     seconds = time.perf_counter() - start
     compiled = sum(sum(d.stats.cache_misses.values()) for d in dispatchers) - misses
     if compiled:
@@ -95,6 +100,6 @@ def _dispatchers(tiering: bool, parameter_server: bool) -> list:
     found = [getattr(module, name)
              for module in (optim, kernels, window, alltoall, sharded, worker_sharding,
                             collection, *((ps_kernels,) if parameter_server else ()),
-                            *((freq, hotcold, hotsum, hottier) if tiering else ()))
+                            *((freq, hotcold, hotsum, hottier, tiered) if tiering else ()))
              for name in dir(module)]
     return [d for d in found if hasattr(d, "stats") and hasattr(d.stats, "cache_misses")]

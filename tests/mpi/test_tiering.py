@@ -14,6 +14,9 @@ from hypothesis import strategies as st
 from mpi4py import MPI
 
 from embeddings import tiered
+from embeddings.collection import Lookup
+from embeddings.hotsum import HotRider
+from embeddings.hottier import HotTier
 from embeddings.optim import SparseOptimizer
 from embeddings.tables import LocalTables, TableLayout
 from embeddings.tiered import TieredStore
@@ -177,6 +180,46 @@ TRAIN = ["data.table_sizes=[50, 200, 1000, 7]", "data.train_samples=3000",
 
 def parameters(trainer: Trainer) -> np.ndarray:
     return trainer.dense_parameters()
+
+
+@pytest.mark.mpi(ranks=(2, 3))
+def test_hot_rows_beyond_a_workers_region_are_summed_after_the_reduction(mpi_ranks):
+    """Regions of 2 records; worker w touches 1 + 2w hot rows (and a cold one), so all but
+    worker 0 spill: every replica still gets the sum of every worker's gradients (SGD at lr
+    1). A worker whose gradients hold a NaN writes nothing, and nothing of it spills."""
+    comm = MPI.COMM_WORLD
+    me, workers = comm.Get_rank(), comm.Get_size()
+    hot_rows = np.arange(0, 40, 2, dtype=np.int64)  # 20 hot rows: the even ones
+    tier = HotTier(DIM, SparseOptimizer(), torch.device("cpu"))
+    tier.replace(hot_rows, hot_rows, lambda r: np.zeros((len(r), DIM), np.float32))
+    rider = HotRider(tier, len(hot_rows), comm, max_rows=2)
+    assert rider.records and rider.size == workers * (1 + 2 * (DIM + 1))
+
+    def touched(w: int) -> tuple[np.ndarray, np.ndarray]:
+        rows = np.append(hot_rows[w: w + 1 + 2 * w], 41)  # ... and a cold row
+        return rows, gradient(0, w, rows)
+
+    def step(nan_on: int) -> None:
+        rows, grads = touched(me)
+        if me == nan_on:
+            grads[-1, 0] = np.nan  # a cold row's: the whole share goes
+        lookup = Lookup(rows, torch.zeros((len(rows), DIM), requires_grad=True))
+        lookup.values.grad = torch.from_numpy(grads)
+        tail = torch.zeros(rider.size)
+        rider.fill([lookup], tail)
+        comm.Allreduce(MPI.IN_PLACE, tail.numpy())
+        rider.apply(tail, lr=1.0, scale=1.0)
+        assert not tail.numpy().any()  # read and zeroed
+
+    expected = np.zeros((len(hot_rows), DIM), np.float32)
+    for nan_on in (-1, workers - 1):
+        step(nan_on)
+        for w in range(workers):
+            if w != nan_on:
+                rows, grads = touched(w)
+                expected[rows[:-1] // 2] -= grads[:-1]
+        np.testing.assert_allclose(tier.weight.numpy(), expected, rtol=1e-6, atol=1e-6)
+    assert rider.spills == (2 if workers > 2 else 1)  # with the NaN, only worker 1 of 3 spills
 
 
 @pytest.mark.mpi(ranks=(3, 4))

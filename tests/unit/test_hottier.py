@@ -16,22 +16,33 @@ def _tier(rows: list[int]) -> HotTier:
     return tier
 
 
+def _read(tier: HotTier, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Values of ``rows`` read from the tier (NaN where not hot) and the positions not hot."""
+    out = np.full((len(rows), tier.dim), np.nan, dtype=np.float32)
+    cold = tier.read(rows, out)
+    return out, cold
+
+
 def test_locate_finds_hot_rows_and_remembers_the_answer_until_the_hot_set_changes():
     tier = _tier([3, 7, 9])
     rows = np.array([1, 3, 9, 12], dtype=np.int64)
     hot, slots = tier.locate(rows)
     np.testing.assert_array_equal(hot, [False, True, True, False])
     np.testing.assert_array_equal(slots[hot], [0, 2])
-    np.testing.assert_array_equal(tier.gather(slots[hot]), [[3, 3], [9, 9]])
+    values, cold = _read(tier, rows)
+    np.testing.assert_array_equal(values[hot], [[3, 3], [9, 9]])
+    np.testing.assert_array_equal(cold, [0, 3])
+    assert np.isnan(values[cold]).all()  # the caller's to fill
     assert tier.locate(rows)[0] is hot  # the same array: answered from memory
     assert not hot.flags.writeable  # shared answers cannot be changed by a caller
     np.testing.assert_array_equal(tier.locate(rows.copy())[0], hot)  # an equal array: searched
+    np.testing.assert_array_equal(tier.locate(rows[::-1].copy())[0], hot[::-1])  # any order
 
     tier.replace(np.array([1, 3, 9], dtype=np.int64), np.array([1], dtype=np.int64),
                  lambda r: np.zeros((len(r), 2), np.float32))
     hot, slots = tier.locate(rows)  # the same array after a re-tiering: searched again
     np.testing.assert_array_equal(hot, [True, True, True, False])
-    np.testing.assert_array_equal(tier.gather(slots[hot]), [[0, 0], [3, 3], [9, 9]])
+    np.testing.assert_array_equal(_read(tier, rows)[0][hot], [[0, 0], [3, 3], [9, 9]])
 
 
 def test_a_retiering_writes_promoted_rows_into_freed_slots_and_leaves_kept_rows_in_place():
@@ -47,15 +58,14 @@ def test_a_retiering_writes_promoted_rows_into_freed_slots_and_leaves_kept_rows_
     assert hot.all()
     np.testing.assert_array_equal(slots[1:3], kept_slots)
     np.testing.assert_array_equal(sorted(slots), [0, 1, 2, 3])  # the freed slots, reused
-    np.testing.assert_array_equal(tier.gather(slots), [[-1, -1], [3.5, 3.5], [7.5, 7.5],
-                                                       [-1, -1]])
+    np.testing.assert_array_equal(_read(tier, rows)[0], [[-1, -1], [3.5, 3.5], [7.5, 7.5],
+                                                        [-1, -1]])
 
     tier.replace(np.arange(6, dtype=np.int64), np.array([0, 2, 3, 5], dtype=np.int64),
                  lambda r: np.repeat(r[:, None], 2, axis=1).astype(np.float32))
     assert tier.slots == 6  # grown for more rows, the kept ones still there
-    hot, slots = tier.locate(np.arange(6, dtype=np.int64))
-    np.testing.assert_array_equal(tier.gather(slots), [[0, 0], [-1, -1], [2, 2], [3, 3],
-                                                       [3.5, 3.5], [5, 5]])
+    np.testing.assert_array_equal(_read(tier, np.arange(6, dtype=np.int64))[0],
+                                  [[0, 0], [-1, -1], [2, 2], [3, 3], [3.5, 3.5], [5, 5]])
     with np.testing.assert_raises(ValueError):  # a promoted row that is kept
         tier.replace(np.arange(6, dtype=np.int64), np.array([1], dtype=np.int64),
                      lambda r: np.zeros((len(r), 2), np.float32))
