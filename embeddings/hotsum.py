@@ -17,7 +17,7 @@ layouts, the smaller for the job (the same on every worker):
   are float32, exact below 2**24, so this layout needs fewer hot rows than that.
 
 ``max_rows`` is what a worker's region holds, sized from the data (the trainer takes the
-most unique rows in a sample of steps, see :func:`hpctrain.train.build`), not from the most
+most unique rows in a sample of steps, :mod:`hpctrain.train.build`), not from the most
 a step could touch (its samples times the tables, two to three times as many on Zipf ids),
 since every value of the segment costs every worker a copy in the reduction. A step whose
 hot rows outnumber it still sums them all: its count says so, and the records beyond the

@@ -82,7 +82,8 @@ def prepare_kernels(optimizers: Sequence[SparseOptimizer], tiering: bool,
         hottier._read(np.zeros((2, 2), np.float32), hot, slots, np.empty((2, 2), np.float32))
         tiered._count_lookups(np.zeros(1, np.int64), unique, np.ones(2, np.int64), hot,
                               np.zeros((2, 1), np.int64))
-        hotsum._write(records, 0, 1, hot, slots, np.ones((2, 2), np.float32), True, spills)
+        hotsum._write(records, 0, 1, hot, slots, np.ones((2, 2), np.float32), True,
+                      np.empty((1, 3), np.float32))  # two hot rows: one spills
     seconds = time.perf_counter() - start
     compiled = sum(sum(d.stats.cache_misses.values()) for d in dispatchers) - misses
     if compiled:
