@@ -110,15 +110,15 @@ class HotRider:
         self.rows_applied += len(slots)
 
     def _exchange(self, spilled: np.ndarray) -> np.ndarray:
-        """Every worker's records beyond its region (``spilled`` of each), in worker order:
-        an ``Iallgatherv``, completed by a yielding wait, when there are any."""
+        """Every worker's records beyond its region (``spilled`` of each, this worker's are
+        :attr:`_spill`), in worker order: an ``Iallgatherv``, completed by a yielding wait,
+        when there are any."""
         everyone = np.empty((int(spilled.sum()), self.width), dtype=np.float32)
         if len(everyone):
-            mine = self._spill[: spilled[self.rank]]
-            wait_all([self.comm.Iallgatherv(mine, [everyone, spilled * self.width])],
+            wait_all([self.comm.Iallgatherv(self._spill, [everyone, spilled * self.width])],
                      Wait("allgather", self.comm))
             self.spills += 1
-            self.spill_bytes += (len(everyone) - len(mine)) * self.width * 4
+            self.spill_bytes += (len(everyone) - len(self._spill)) * self.width * 4
         return everyone
 
     def segment_bytes(self) -> int:
