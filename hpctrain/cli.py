@@ -396,6 +396,7 @@ def _bench_tiering(args: argparse.Namespace, config: JobConfig, topo: Topology |
     rows = bench_tiering.run(args, config, topo)
     if rows is not None:
         print_rows(rows, bench_tiering.COLUMNS, args.json)
+        print(bench_tiering.speedup_note(rows))
     return 0
 
 
@@ -488,6 +489,7 @@ def _bench_embeddings(args: argparse.Namespace, config: JobConfig,
     rows = bench_embeddings.run(args, config, topo)
     if rows is not None:
         print_rows(rows, bench_embeddings.COLUMNS, args.json)
+        print(bench_embeddings.speed_note(rows))
     return 0
 
 

@@ -5,8 +5,12 @@ the parameter server with 1 and 2 server ranks (the last ranks of the same world
 global batch and so the id stream stay the same, on fewer workers), and the parameter
 server with a hot tier (``--hot`` of the rows). Every layout trains ``--steps`` steps of the
 job (``hpctrain train``'s job: the embedded default unless a file is given); the layouts
-run interleaved, ``--repeat`` rounds each starting from a different layout, and the fastest
-run of each counts (other jobs on the machine slow single runs down).
+run interleaved, ``--repeat`` rounds each starting from a different layout. A layout's
+speed is compared with the replicated run of the same round (other jobs on the machine slow
+a round's runs alike): ``speed_ratio`` is the geometric mean of the rounds' ratios with its
+95% interval (:func:`~hpctrain.experiments.stats.paired_ratio_interval`; none for a single
+round), ``step_ratio`` the same mean of step times; the other figures are means over the
+rounds.
 
 Reported per layout, each also as a ratio to replicated: mean step time, samples/s,
 embedding bytes per step that leave their rank (all workers and servers, measured by the
@@ -30,22 +34,26 @@ from embeddings.optim import SparseOptimizer
 from embeddings.replicated import ReplicatedTables
 from embeddings.worker_sharding import SHARDINGS
 from hpctrain.config import JobConfig, load_config
+from hpctrain.errors import ConfigError
+from hpctrain.experiments.stats import PAIRED_METHOD, paired_ratio_interval
 from hpctrain.runtime.world import Topology, build_topology
 from hpctrain.train.job import run_training
 from hpctrain.train.report import Summary
 from hpctrain.train.trainer import Trainer
 
-__all__ = ["add_arguments", "run", "COLUMNS", "layouts", "plot"]
+__all__ = ["add_arguments", "run", "COLUMNS", "layouts", "plot", "speed_note"]
 
 COLUMNS = ["layout", "workers", "step_ms", "step_ratio", "samples_per_s", "speed_ratio",
-           "bytes_per_step", "min_bytes_per_step", "bytes_over_min", "bytes_ratio",
-           "table_mb_per_rank", "memory_ratio", "eval_log_loss"]
+           "speed_ratio_lo", "speed_ratio_hi", "bytes_per_step", "min_bytes_per_step",
+           "bytes_over_min", "bytes_ratio", "table_mb_per_rank", "memory_ratio",
+           "eval_log_loss"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=60, help="steps per run (default 60)")
-    parser.add_argument("--repeat", type=int, default=1,
-                        help="interleaved rounds; the fastest run of a layout counts")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="interleaved rounds; ratios to replicated are the rounds' "
+                             "geometric means with their 95%% intervals (default 3)")
     parser.add_argument("--hot", type=float, default=0.05,
                         help="hot tier of the tiered layout, a share of all rows (0.05)")
     parser.add_argument("--json", metavar="FILE", help="write the rows as JSON")
@@ -68,8 +76,10 @@ def layouts(ranks: int) -> list[tuple[str, list[str]]]:
 def run(args: argparse.Namespace, config: JobConfig,
         topo: Topology) -> list[dict[str, Any]] | None:
     """Train every layout (collective over the world); world rank 0 returns the rows."""
+    if args.repeat < 1:
+        raise ConfigError(f"bench embeddings: --repeat {args.repeat}: expected at least 1")
     cases = layouts(topo.world.Get_size())
-    best: dict[str, dict[str, Any]] = {}
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in cases}
     with tempfile.TemporaryDirectory(prefix="hpctrain-bench-") as scratch:
         scratch = topo.world.bcast(scratch, root=0)
         # warm-up (JIT compilation, first-touch allocations), not measured
@@ -80,22 +90,44 @@ def run(args: argparse.Namespace, config: JobConfig,
                 if name.endswith("tiering"):
                     overrides = [*overrides, f"tiering.budget={args.hot}"]
                 result = _train(args, topo, name, overrides, f"{scratch}/{rnd}-{i}")
-                if result and result["samples_per_s"] > best.get(name, {}).get(
-                        "samples_per_s", -1.0):
-                    best[name] = result
+                if result:
+                    runs[name].append(result)
     if topo.rank != 0:
         return None
-    base = best["replicated"]
+    base = runs["replicated"]
+    base_bytes, base_memory = _mean(base, "bytes_per_step"), _mean(base, "table_mb_per_rank")
     rows = []
     for name, _ in cases:
-        row = best[name]
-        rows.append({**row, "step_ratio": row["step_ms"] / base["step_ms"],
-                     "speed_ratio": row["samples_per_s"] / base["samples_per_s"],
-                     "bytes_ratio": row["bytes_per_step"] / max(base["bytes_per_step"], 1),
-                     "memory_ratio": row["table_mb_per_rank"] / base["table_mb_per_rank"]})
+        mine = runs[name]
+        row = {key: float(np.mean([r[key] for r in mine])) if isinstance(value, float)
+               else value for key, value in mine[0].items()}
+        speed = paired_ratio_interval([r["samples_per_s"] for r in mine],
+                                      [r["samples_per_s"] for r in base])
+        step = paired_ratio_interval([r["step_ms"] for r in mine], [r["step_ms"] for r in base])
+        rows.append({**row, "rounds": len(mine), "step_ratio": step.estimate,
+                     "speed_ratio": speed.estimate, "speed_ratio_lo": speed.lo,
+                     "speed_ratio_hi": speed.hi,
+                     "round_speed_ratios": [r["samples_per_s"] / b["samples_per_s"]
+                                            for r, b in zip(mine, base, strict=True)],
+                     "bytes_ratio": row["bytes_per_step"] / max(base_bytes, 1),
+                     "memory_ratio": row["table_mb_per_rank"] / base_memory})
     if args.plot:
         plot(rows, args.plot)
     return rows
+
+
+def _mean(runs: list[dict[str, Any]], key: str) -> float:
+    return float(np.mean([r[key] for r in runs]))
+
+
+def speed_note(rows: list[dict[str, Any]]) -> str:
+    """What the ratio columns are, and where there is no interval, why."""
+    rounds = rows[0]["rounds"] if rows else 0
+    if rounds < 2:
+        return ("ratios to replicated from a single round of runs, no interval (--repeat N "
+                "for one)")
+    return (f"ratios to replicated: {PAIRED_METHOD} over {rounds} rounds "
+            f"(95%: speed_ratio_lo-speed_ratio_hi)")
 
 
 def _train(args: argparse.Namespace, world: Topology, name: str, overrides: list[str],

@@ -18,6 +18,8 @@ __all__ = ["format_table", "print_rows", "write_json", "line_plot"]
 
 
 def _cell(value: Any) -> str:
+    if value is None:  # not defined, e.g. the interval of a single run
+        return "-"
     if isinstance(value, float):
         return f"{value:,.3f}" if abs(value) < 100 else f"{value:,.0f}"
     return str(value)

@@ -13,10 +13,14 @@ Two measurements per setting (Zipf exponent x hot budget as a share of all rows)
    lookup of each row, which no policy but hindsight can serve, weighs little. The
    exponents are shared out over the workers.
 2. **Training**: real runs of the DLRM on ``--tables`` such tables, untiered (every row on
-   the server) and tiered (LFU), alternating in this job: per setting ``--repeat`` pairs, an
-   untiered run then a tiered one, so that other jobs on the machine slow both alike. Bytes
-   to and from the servers per training step (pulls, pushes and the re-tierings' moves, all
-   workers) and samples per second (the best run of each kind; ``speedup`` is their ratio).
+   the server) and tiered (LFU), back to back in pairs, so that other jobs on the machine
+   slow both runs of a pair alike: per setting ``--repeat`` pairs, the untiered run first in
+   the first pair, the tiered one in the second, and so on (a process's first run of a
+   kind starts colder). Bytes to and from the servers per training step (pulls, pushes and
+   the re-tierings' moves, all workers) and samples per second (the mean over the runs of
+   each kind); ``speedup`` is the geometric mean of the pairs' tiered/untiered ratios with
+   its 95% interval (:func:`~hpctrain.experiments.stats.paired_ratio_interval`; none for a
+   single pair).
    Peak memory is not measured here: every run shares this process, whose peak includes the
    hit-rate streams; ``hpctrain train`` reports it per run. A short run cannot learn the
    hot set of a million-row table online, so the tiered runs start from a scan of the first
@@ -39,15 +43,17 @@ from embeddings.freq import FrequencyTracker, oracle_hit_rate
 from embeddings.hotcold import HotSetPlanner, merge_seen, retier_due
 from hpctrain.config import JobConfig, load_config
 from hpctrain.data.synthetic import SyntheticClicks
+from hpctrain.errors import ConfigError
+from hpctrain.experiments.stats import PAIRED_METHOD, paired_ratio_interval
 from hpctrain.runtime.waits import Wait, wait_all
 from hpctrain.runtime.world import Topology
 from hpctrain.train.job import run_training
 
-__all__ = ["add_arguments", "run", "COLUMNS"]
+__all__ = ["add_arguments", "run", "COLUMNS", "speedup_note"]
 
 COLUMNS = ["zipf", "hot_fraction", "lfu_hit_rate", "lru_hit_rate", "oracle_hit_rate",
            "train_hit_rate", "bytes_ratio", "samples_per_s", "baseline_samples_per_s",
-           "speedup"]
+           "speedup", "speedup_lo", "speedup_hi"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -65,15 +71,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="steps of each training run (default 300)")
     parser.add_argument("--prescan", type=int, default=5_000_000,
                         help="training samples scanned to seed the hot set (default 5M)")
-    parser.add_argument("--repeat", type=int, default=1,
-                        help="untiered/tiered pairs of runs per setting, the fastest of each "
-                             "kind counts (default 1)")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="untiered/tiered pairs of runs per setting; the speedup is "
+                             "their geometric mean with its 95%% interval (default 3)")
     parser.add_argument("--json", metavar="FILE", help="write the result rows as JSON")
 
 
 def run(args: argparse.Namespace, config: JobConfig,
         topo: Topology) -> list[dict[str, Any]] | None:
     """Run both measurements on every rank; world rank 0 returns one row per setting."""
+    if args.repeat < 1:
+        raise ConfigError(f"bench tiering: --repeat {args.repeat}: expected at least 1")
     settings = [(z, b) for z in args.zipf for b in args.budgets]
     hits = _hit_rates(args, config, topo) if topo.is_worker else []
     # ranks done early wait without spinning
@@ -158,32 +166,55 @@ def _training(args: argparse.Namespace, config: JobConfig,
     with tempfile.TemporaryDirectory(prefix="hpctrain-bench-") as scratch:
         for zipf in args.zipf:
             for budget in args.budgets:
-                pairs = [(_train(args, config, topo, zipf, 0.0, f"{scratch}/{budget}-{r}"),
-                          _train(args, config, topo, zipf, budget, f"{scratch}/{budget}-{r}"))
-                         for r in range(args.repeat)]
+                pairs = []
+                for r in range(args.repeat):
+                    runs = {b: _train(args, config, topo, zipf, b, f"{scratch}/{budget}-{r}")
+                            for b in ((0.0, budget) if r % 2 == 0 else (budget, 0.0))}
+                    pairs.append((runs[0.0], runs[budget]))
                 if topo.rank != 0:
                     continue
-                base = max((b for b, _ in pairs), key=lambda r: r["samples_per_s"])
-                tiered = max((t for _, t in pairs), key=lambda r: r["samples_per_s"])
+                base = [b for b, _ in pairs]
+                tiered = [t for _, t in pairs]
+                untiered_rate, tiered_rate = _mean(base, "samples_per_s"), _mean(tiered,
+                                                                               "samples_per_s")
+                speedup = paired_ratio_interval([t["samples_per_s"] for t in tiered],
+                                                [b["samples_per_s"] for b in base])
                 results[(zipf, budget)] = {
-                    "train_hit_rate": tiered["hit_rate"],
-                    "train_oracle_hit_rate": tiered["oracle_hit_rate"],
-                    "bytes_per_step": tiered["bytes_per_step"],
-                    "baseline_bytes_per_step": base["bytes_per_step"],
-                    "bytes_ratio": tiered["bytes_per_step"] / base["bytes_per_step"],
-                    "warm_start_bytes": tiered["warm_start_bytes"],
-                    "warm_start_s": tiered["warm_start_s"],
-                    "move_bytes_per_step": tiered["move_bytes_per_step"],
-                    "peer_bytes_per_step": tiered["peer_bytes_per_step"],
-                    "samples_per_s": tiered["samples_per_s"],
-                    "baseline_samples_per_s": base["samples_per_s"],
-                    "speedup": tiered["samples_per_s"] / base["samples_per_s"],
+                    "train_hit_rate": _mean(tiered, "hit_rate"),
+                    "train_oracle_hit_rate": _mean(tiered, "oracle_hit_rate"),
+                    "bytes_per_step": _mean(tiered, "bytes_per_step"),
+                    "baseline_bytes_per_step": _mean(base, "bytes_per_step"),
+                    "bytes_ratio": _mean(tiered, "bytes_per_step") / _mean(base,
+                                                                           "bytes_per_step"),
+                    "warm_start_bytes": _mean(tiered, "warm_start_bytes"),
+                    "warm_start_s": _mean(tiered, "warm_start_s"),
+                    "move_bytes_per_step": _mean(tiered, "move_bytes_per_step"),
+                    "peer_bytes_per_step": _mean(tiered, "peer_bytes_per_step"),
+                    "samples_per_s": tiered_rate,
+                    "baseline_samples_per_s": untiered_rate,
+                    "speedup": speedup.estimate,
+                    "speedup_lo": speedup.lo,
+                    "speedup_hi": speedup.hi,
+                    "speedup_method": PAIRED_METHOD,
                     "pair_speedups": [t["samples_per_s"] / b["samples_per_s"]
                                       for b, t in pairs],
-                    "retier_share": tiered["retier_share"],
+                    "retier_share": _mean(tiered, "retier_share"),
                     "train_steps": args.train_steps,
                 }
     return results
+
+
+def _mean(runs: list[dict[str, float]], key: str) -> float:
+    return float(np.mean([run[key] for run in runs]))
+
+
+def speedup_note(rows: list[dict[str, Any]]) -> str:
+    """What the speedup columns are, and where there is no interval, why."""
+    pairs = len(rows[0]["pair_speedups"]) if rows else 0
+    if pairs < 2:
+        return ("speedup: tiered over untiered samples/s from a single pair of runs, no "
+                "interval (--repeat N for one)")
+    return f"speedup: {PAIRED_METHOD} over {pairs} pairs of runs (95%: speedup_lo-speedup_hi)"
 
 
 def _train(args: argparse.Namespace, config: JobConfig, topo: Topology, zipf: float,

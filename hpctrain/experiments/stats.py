@@ -1,5 +1,7 @@
 """Interval arithmetic of a report: Student t intervals of a mean, the MLPerf trimmed mean,
-and Fieller intervals of a ratio of two independent means with Welch's degrees of freedom.
+Fieller intervals of a ratio of two independent means with Welch's degrees of freedom, and
+the geometric mean of paired ratios with a t interval on their logarithms (benchmarks that
+run the two cases back to back, where one pair's machine state is shared by both runs).
 
 Every interval is two-sided at ``LEVEL`` (95%). A group of one run has no interval (its
 variance is unknown); the report says so instead of printing a made-up width.
@@ -14,11 +16,12 @@ from dataclasses import asdict, dataclass
 from scipy import stats as _scipy_stats
 
 __all__ = ["LEVEL", "MEAN_METHOD", "RATIO_METHOD", "Interval", "t_quantile", "mean_interval",
-           "trimmed_mean", "ratio_interval", "verdict"]
+           "trimmed_mean", "ratio_interval", "PAIRED_METHOD", "paired_ratio_interval", "verdict"]
 
 LEVEL = 0.95
 MEAN_METHOD = "Student t interval of the mean"
 RATIO_METHOD = "Fieller interval of the ratio of means, Welch-Satterthwaite degrees of freedom"
+PAIRED_METHOD = "geometric mean of paired ratios, Student t interval of their logarithms"
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,23 @@ def ratio_interval(values: Sequence[float], baseline: Sequence[float],
     root = q * math.sqrt(max(ma ** 2 * vb + mb ** 2 * va - q ** 2 * va * vb, 0.0))
     lo, hi = sorted(((ma * mb - root) / a, (ma * mb + root) / a))
     return Interval(ratio, lo, hi, n, df)
+
+
+def paired_ratio_interval(values: Sequence[float], baseline: Sequence[float],
+                          level: float = LEVEL) -> Interval:
+    """The geometric mean of ``values[i] / baseline[i]`` and its interval: a Student t
+    interval of the mean log ratio, exponentiated. Pairing takes out what a pair's two runs
+    share (a machine that is slow for a minute slows both), which independent samples
+    (:func:`ratio_interval`) leave in the spread. No interval for one pair."""
+    if len(values) != len(baseline) or not values:
+        raise ValueError(f"paired_ratio_interval needs pairs, got {len(values)} values and "
+                         f"{len(baseline)} baselines")
+    logs = mean_interval([math.log(v / b) for v, b in zip(values, baseline, strict=True)],
+                         level)
+    if logs.lo is None or logs.hi is None:
+        return Interval(math.exp(logs.estimate), None, None, logs.n)
+    return Interval(math.exp(logs.estimate), math.exp(logs.lo), math.exp(logs.hi), logs.n,
+                    logs.df)
 
 
 def verdict(ratio: Interval, lower: str, higher: str) -> str:

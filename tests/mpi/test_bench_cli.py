@@ -1,6 +1,7 @@
 """``hpctrain bench allreduce`` and ``hpctrain bench calibrate`` under real launches."""
 
 import json
+import math
 import sys
 
 import pytest
@@ -71,9 +72,10 @@ def test_bench_alltoall_and_embeddings_print_ratios_in_one_launch(tmp_path):
              "--set", "data.eval_samples=300", "--set", "model.embedding_dim=8", "--set",
              "model.bottom_mlp=[16, 8]", "--set", "model.top_mlp=[16, 1]", "--set",
              "train.batch_size=64"]
-    result = run_mpi([*HPCTRAIN, "bench", "embeddings", "--steps", "4", *small, "--json",
-                      str(out), "--plot", str(png)], ranks=3, timeout=400)
+    result = run_mpi([*HPCTRAIN, "bench", "embeddings", "--steps", "4", "--repeat", "2",
+                      *small, "--json", str(out), "--plot", str(png)], ranks=3, timeout=400)
     assert result.returncode == 0, result.stdout
+    assert "Student t interval of their logarithms over 2 rounds" in result.stdout
     rows = {r["layout"]: r for r in json.loads(out.read_text())}
     assert set(rows) == {"replicated", "alltoall:table_wise", "alltoall:row_wise",
                          "alltoall:column_wise", "alltoall:table_row_wise", "ps:1", "ps:2",
@@ -84,6 +86,11 @@ def test_bench_alltoall_and_embeddings_print_ratios_in_one_launch(tmp_path):
     for name, r in rows.items():
         assert r["bytes_per_step"] >= r["min_bytes_per_step"] > 0 or name == "ps:2", name
         assert r["samples_per_s"] > 0 and r["table_mb_per_rank"] > 0, name
+        # each round's ratio to that round's replicated run; their geometric mean, inside
+        # its interval
+        first, second = r["round_speed_ratios"]
+        assert r["speed_ratio"] == pytest.approx(math.sqrt(first * second)), name
+        assert r["speed_ratio_lo"] <= r["speed_ratio"] <= r["speed_ratio_hi"], name
     # a sharded worker holds about a third of the rows (the largest table decides table-wise)
     assert rows["alltoall:row_wise"]["memory_ratio"] < 0.4
     assert png.stat().st_size > 1000

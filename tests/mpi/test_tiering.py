@@ -3,6 +3,7 @@ parameter servers lose no update and apply none twice; tiered training equals un
 
 import dataclasses
 import json
+import math
 import sys
 
 import numpy as np
@@ -290,14 +291,21 @@ def test_tiered_job_trains_and_bench_tiering_reports(tmp_path):
     out = tmp_path / "bench.json"
     bench = run_mpi([*HPCTRAIN, "bench", "tiering", "--rows", "20000", "--tables", "2",
                      "--zipf", "1.05", "--budgets", "0.1", "--stream-steps", "40",
-                     "--train-steps", "12", "--json", str(out)], ranks=3, timeout=150)
+                     "--train-steps", "12", "--repeat", "2", "--json", str(out)], ranks=3,
+                    timeout=150)
     assert bench.returncode == 0, bench.stdout
+    assert "Student t interval of their logarithms over 2 pairs" in bench.stdout
     rows = json.loads(out.read_text())
     assert len(rows) == 1
     row = rows[0]
     for key in ("zipf", "hot_fraction", "lfu_hit_rate", "lru_hit_rate", "oracle_hit_rate",
                 "bytes_ratio", "samples_per_s", "baseline_samples_per_s"):
         assert key in row, key
+    # the speedup is the pairs' geometric mean, inside its interval
+    pairs = row["pair_speedups"]
+    assert len(pairs) == 2
+    assert row["speedup"] == pytest.approx(math.sqrt(pairs[0] * pairs[1]))
+    assert row["speedup_lo"] <= row["speedup"] <= row["speedup_hi"]
     assert 0 < row["lfu_hit_rate"] <= row["oracle_hit_rate"] <= 1
     assert 0 < row["bytes_ratio"] < 1
     # a seeded hot set is not re-tiered within 12 steps, and the hot rows written back when

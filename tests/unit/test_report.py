@@ -81,6 +81,24 @@ def test_fieller_interval_solves_its_defining_equation():
     assert stats.ratio_interval([1.0, 2.0], [-1.0, 1.5]).lo is None
 
 
+def test_paired_ratio_interval_is_a_t_interval_of_the_log_ratios():
+    # ratios 2, 4 and 8: logs ln2 * (1, 2, 3), geometric mean 4
+    r = stats.paired_ratio_interval([2.0, 8.0, 24.0], [1.0, 2.0, 3.0])
+    half = T_975_2 * math.log(2) / math.sqrt(3)
+    assert r.estimate == pytest.approx(4.0) and r.n == 3 and r.df == 2
+    assert r.lo == pytest.approx(4.0 * math.exp(-half), rel=1e-5)
+    assert r.hi == pytest.approx(4.0 * math.exp(half), rel=1e-5)
+    # pairing removes what both runs of a pair share: the same 10% gain on a machine whose
+    # speed swings 2x between pairs has a zero-width interval
+    same = stats.paired_ratio_interval([11.0, 22.0, 5.5], [10.0, 20.0, 5.0])
+    assert same.lo == pytest.approx(1.1) and same.hi == pytest.approx(1.1)
+    assert stats.verdict(same, "slower", "faster") == "faster"
+    one = stats.paired_ratio_interval([3.0], [2.0])
+    assert one.estimate == pytest.approx(1.5) and one.lo is None
+    with pytest.raises(ValueError, match="pairs"):
+        stats.paired_ratio_interval([1.0, 2.0], [1.0])
+
+
 def test_report_groups_runs_and_computes_known_figures(tmp_path):
     report = build_report(sweep(tmp_path), target=0.5)
     assert report["group_keys"] == ["sync.model"]
