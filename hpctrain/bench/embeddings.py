@@ -33,6 +33,7 @@ from embeddings.alltoall import ShardedTables
 from embeddings.optim import SparseOptimizer
 from embeddings.replicated import ReplicatedTables
 from embeddings.worker_sharding import SHARDINGS
+from hpctrain.bench.report import mean_row
 from hpctrain.config import JobConfig, load_config
 from hpctrain.errors import ConfigError
 from hpctrain.experiments.stats import PAIRED_METHOD, paired_ratio_interval
@@ -95,12 +96,11 @@ def run(args: argparse.Namespace, config: JobConfig,
     if topo.rank != 0:
         return None
     base = runs["replicated"]
-    base_bytes, base_memory = _mean(base, "bytes_per_step"), _mean(base, "table_mb_per_rank")
+    base_row = mean_row(base)
     rows = []
     for name, _ in cases:
         mine = runs[name]
-        row = {key: float(np.mean([r[key] for r in mine])) if isinstance(value, float)
-               else value for key, value in mine[0].items()}
+        row = mean_row(mine)
         speed = paired_ratio_interval([r["samples_per_s"] for r in mine],
                                       [r["samples_per_s"] for r in base])
         step = paired_ratio_interval([r["step_ms"] for r in mine], [r["step_ms"] for r in base])
@@ -109,15 +109,11 @@ def run(args: argparse.Namespace, config: JobConfig,
                      "speed_ratio_hi": speed.hi,
                      "round_speed_ratios": [r["samples_per_s"] / b["samples_per_s"]
                                             for r, b in zip(mine, base, strict=True)],
-                     "bytes_ratio": row["bytes_per_step"] / max(base_bytes, 1),
-                     "memory_ratio": row["table_mb_per_rank"] / base_memory})
+                     "bytes_ratio": row["bytes_per_step"] / max(base_row["bytes_per_step"], 1),
+                     "memory_ratio": row["table_mb_per_rank"] / base_row["table_mb_per_rank"]})
     if args.plot:
         plot(rows, args.plot)
     return rows
-
-
-def _mean(runs: list[dict[str, Any]], key: str) -> float:
-    return float(np.mean([r[key] for r in runs]))
 
 
 def speed_note(rows: list[dict[str, Any]]) -> str:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["format_table", "print_rows", "write_json", "line_plot"]
+__all__ = ["format_table", "print_rows", "write_json", "line_plot", "mean_row"]
 
 
 def _cell(value: Any) -> str:
@@ -34,6 +34,13 @@ def format_table(columns: Sequence[str], cells: Sequence[Sequence[str]],
     return "\n".join("  ".join(cell.ljust(w) if i < left else cell.rjust(w)
                                for i, (cell, w) in enumerate(zip(row, widths, strict=True)))
                      .rstrip() for row in table)
+
+
+def mean_row(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One row for repeated runs of a case: each float the mean over ``runs``, any other
+    value (a name, a count) the first run's."""
+    return {key: sum(run[key] for run in runs) / len(runs) if isinstance(value, float)
+            else value for key, value in runs[0].items()}
 
 
 def print_rows(rows: Sequence[dict[str, Any]], columns: Sequence[str],

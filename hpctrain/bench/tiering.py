@@ -41,6 +41,7 @@ import numpy as np
 
 from embeddings.freq import FrequencyTracker, oracle_hit_rate
 from embeddings.hotcold import HotSetPlanner, merge_seen, retier_due
+from hpctrain.bench.report import mean_row
 from hpctrain.config import JobConfig, load_config
 from hpctrain.data.synthetic import SyntheticClicks
 from hpctrain.errors import ConfigError
@@ -180,39 +181,31 @@ def _training(args: argparse.Namespace, config: JobConfig,
                     pairs.append((runs[0.0], runs[budget]))
                 if topo.rank != 0:
                     continue
-                base = [b for b, _ in pairs]
-                tiered = [t for _, t in pairs]
-                untiered_rate, tiered_rate = _mean(base, "samples_per_s"), _mean(tiered,
-                                                                               "samples_per_s")
-                speedup = paired_ratio_interval([t["samples_per_s"] for t in tiered],
-                                                [b["samples_per_s"] for b in base])
+                base, tiered = (mean_row([pair[k] for pair in pairs]) for k in (0, 1))
+                speedup = paired_ratio_interval([t["samples_per_s"] for _, t in pairs],
+                                                [b["samples_per_s"] for b, _ in pairs])
                 results[(zipf, budget)] = {
-                    "train_hit_rate": _mean(tiered, "hit_rate"),
-                    "train_oracle_hit_rate": _mean(tiered, "oracle_hit_rate"),
-                    "bytes_per_step": _mean(tiered, "bytes_per_step"),
-                    "baseline_bytes_per_step": _mean(base, "bytes_per_step"),
-                    "bytes_ratio": _mean(tiered, "bytes_per_step") / _mean(base,
-                                                                           "bytes_per_step"),
-                    "warm_start_bytes": _mean(tiered, "warm_start_bytes"),
-                    "warm_start_s": _mean(tiered, "warm_start_s"),
-                    "move_bytes_per_step": _mean(tiered, "move_bytes_per_step"),
-                    "peer_bytes_per_step": _mean(tiered, "peer_bytes_per_step"),
-                    "samples_per_s": tiered_rate,
-                    "baseline_samples_per_s": untiered_rate,
+                    "train_hit_rate": tiered["hit_rate"],
+                    "train_oracle_hit_rate": tiered["oracle_hit_rate"],
+                    "bytes_per_step": tiered["bytes_per_step"],
+                    "baseline_bytes_per_step": base["bytes_per_step"],
+                    "bytes_ratio": tiered["bytes_per_step"] / base["bytes_per_step"],
+                    "warm_start_bytes": tiered["warm_start_bytes"],
+                    "warm_start_s": tiered["warm_start_s"],
+                    "move_bytes_per_step": tiered["move_bytes_per_step"],
+                    "peer_bytes_per_step": tiered["peer_bytes_per_step"],
+                    "samples_per_s": tiered["samples_per_s"],
+                    "baseline_samples_per_s": base["samples_per_s"],
                     "speedup": speedup.estimate,
                     "speedup_lo": speedup.lo,
                     "speedup_hi": speedup.hi,
                     "speedup_method": PAIRED_METHOD,
                     "pair_speedups": [t["samples_per_s"] / b["samples_per_s"]
                                       for b, t in pairs],
-                    "retier_share": _mean(tiered, "retier_share"),
+                    "retier_share": tiered["retier_share"],
                     "train_steps": args.train_steps,
                 }
     return results
-
-
-def _mean(runs: list[dict[str, float]], key: str) -> float:
-    return float(np.mean([run[key] for run in runs]))
 
 
 def speedup_note(rows: list[dict[str, Any]]) -> str:

@@ -146,6 +146,9 @@ def build_worker(config: JobConfig, topo: Topology, dataset: Dataset, layout: Ta
                              topo.device, tiered.rider if tiered else None)
     if manifest is not None:
         _restore(engine, store, manifest)
+    if client is not None:
+        log.info("parameter servers ready (waited %.2f s for them to build their shards)",
+                 client.wait_ready())
     if tiered:
         tiered.stats.warm_start_bytes = _warm_start(config, topo, dataset, layout, tiered,
                                                     client)

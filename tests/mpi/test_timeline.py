@@ -53,7 +53,16 @@ def test_parameter_server_trace_has_server_handling_and_pull_waits(tmp_path):
     roles = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
     assert roles == {0: "rank 0 (worker)", 1: "rank 1 (worker)", 2: "rank 2 (server)"}
     server = {e["name"] for e in spans if e["pid"] == 2}
-    assert {"serve pull", "serve push", "serve done"} <= server, server
+    assert {"serve pull", "serve push", "serve done", "serve read"} <= server, server
     for rank in (0, 1):
         names = {e["name"] for e in spans if e["pid"] == rank}
-        assert {"wait pull", "ps push", "step"} <= names, names
+        assert {"wait pull", "ps push", "step", "wait servers"} <= names, names
+    # the workers wait for the server's shard before their first step, which then does not
+    # count that wait as a pull: the server answers the probe's read before any step starts
+    first_read = min(e["ts"] for e in spans if e["pid"] == 2 and e["name"] == "serve read")
+    for rank in (0, 1):
+        first_step = min(e["ts"] for e in spans if e["pid"] == rank and e["name"] == "step")
+        ready = next(e for e in spans if e["pid"] == rank and e["name"] == "wait servers")
+        assert ready["ts"] + ready["dur"] <= first_step
+        assert first_read < first_step
+    assert "parameter servers ready" in result.stdout
