@@ -168,7 +168,8 @@ def _training(args: argparse.Namespace, config: JobConfig,
     results = {}
     with tempfile.TemporaryDirectory(prefix="hpctrain-bench-") as scratch:
         # not measured: a process's first runs load the server's and the tier's kernels and
-        # settle its allocators (a first untiered run measured 1.35-1.55x slower)
+        # settle its allocators (with the untiered run of the first pair its process's
+        # first, that pair's ratio came out 1.33-1.56 against 0.86-1.00 for the others)
         for budget in (0.0, args.budgets[0]):
             _train(args, config, topo, args.zipf[0], budget, f"{scratch}/warm-up",
                    steps=_WARM_UP_STEPS)
