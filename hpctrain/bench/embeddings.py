@@ -8,7 +8,7 @@ job (``hpctrain train``'s job: the embedded default unless a file is given); the
 run interleaved, ``--repeat`` rounds each starting from a different layout. A layout's
 speed is compared with the replicated run of the same round (other jobs on the machine slow
 a round's runs alike): ``speed_ratio`` is the geometric mean of the rounds' ratios with its
-95% interval (:func:`~hpctrain.experiments.stats.paired_ratio_interval`; none for a single
+95% interval (:func:`~hpctrain.stats.paired_ratio_interval`; none for a single
 round), ``step_ratio`` the same mean of step times; the other figures are means over the
 rounds.
 
@@ -36,8 +36,8 @@ from embeddings.worker_sharding import SHARDINGS
 from hpctrain.bench.report import mean_row
 from hpctrain.config import JobConfig, load_config
 from hpctrain.errors import ConfigError
-from hpctrain.experiments.stats import PAIRED_METHOD, paired_ratio_interval
 from hpctrain.runtime.world import Topology, build_topology
+from hpctrain.stats import PAIRED_METHOD, paired_ratio_interval
 from hpctrain.train.job import run_training
 from hpctrain.train.report import Summary
 from hpctrain.train.trainer import Trainer

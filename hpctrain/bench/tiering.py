@@ -20,7 +20,7 @@ Two measurements per setting (Zipf exponent x hot budget as a share of all rows)
    from the servers per training step (pulls, pushes and the re-tierings' moves, all
    workers) and samples per second (the mean over the runs of each kind); ``speedup`` is
    the geometric mean of the pairs' tiered/untiered ratios with its 95% interval
-   (:func:`~hpctrain.experiments.stats.paired_ratio_interval`; none for a single pair).
+   (:func:`~hpctrain.stats.paired_ratio_interval`; none for a single pair).
    Peak memory is not measured here: every run shares this process, whose peak includes the
    hit-rate streams; ``hpctrain train`` reports it per run. A short run cannot learn the
    hot set of a million-row table online, so the tiered runs start from a scan of the first
@@ -45,9 +45,9 @@ from hpctrain.bench.report import mean_row
 from hpctrain.config import JobConfig, load_config
 from hpctrain.data.synthetic import SyntheticClicks
 from hpctrain.errors import ConfigError
-from hpctrain.experiments.stats import PAIRED_METHOD, paired_ratio_interval
 from hpctrain.runtime.waits import Wait, wait_all
 from hpctrain.runtime.world import Topology
+from hpctrain.stats import PAIRED_METHOD, paired_ratio_interval
 from hpctrain.train.job import run_training
 
 __all__ = ["add_arguments", "run", "COLUMNS", "speedup_note"]

@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from hpctrain import stats
 from hpctrain.errors import ConfigError
-from hpctrain.experiments import stats
 from hpctrain.experiments.rundirs import Run, find_runs
 from hpctrain.train.rundir import write_text_atomic
 

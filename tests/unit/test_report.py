@@ -7,10 +7,10 @@ import math
 import pytest
 from scipy import stats as scipy_stats
 
+from hpctrain import stats
 from hpctrain.cli import main
 from hpctrain.config import dump_toml, load_config
 from hpctrain.errors import ConfigError
-from hpctrain.experiments import stats
 from hpctrain.experiments.report import build_report, format_report, write_report
 from hpctrain.experiments.rundirs import find_runs
 

@@ -1,7 +1,9 @@
-"""Interval arithmetic of a report: Student t intervals of a mean, the MLPerf trimmed mean,
-Fieller intervals of a ratio of two independent means with Welch's degrees of freedom, and
-the geometric mean of paired ratios with a t interval on their logarithms (benchmarks that
-run the two cases back to back, where one pair's machine state is shared by both runs).
+"""Interval arithmetic of the toolkit's comparisons (``hpctrain report``, the benchmarks):
+Student t intervals of a mean, the MLPerf trimmed mean, Fieller intervals of a ratio of two
+independent means with Welch's degrees of freedom, and the geometric mean of paired ratios
+with a t interval on their logarithms (benchmarks that run the two cases back to back, where
+one pair's machine state is shared by both runs). A leaf module, so that the benchmarks
+and the experiments' report both use it.
 
 Every interval is two-sided at ``LEVEL`` (95%). A group of one run has no interval (its
 variance is unknown); the report says so instead of printing a made-up width.
