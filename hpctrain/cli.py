@@ -83,6 +83,9 @@ def _main(argv: list[str]) -> int:
             raise ConfigError(f"bench {args.bench}: comm.emulate is set, but this benchmark "
                               f"measures against MPI_Allreduce called directly, which the "
                               f"emulated network does not delay; use hpctrain bench emulate")
+        if args.command == "bench" and args.bench in ("tiering", "embeddings") and \
+                args.repeat < 1:
+            raise ConfigError(f"bench {args.bench}: --repeat {args.repeat}: expected at least 1")
         if args.command == "bench" and args.bench == "emulate" and not (
                 config.comm.emulate and config.comm.node_size):
             raise ConfigError("bench emulate: set comm.emulate (e.g. '20000,0.4') and "

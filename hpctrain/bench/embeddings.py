@@ -35,7 +35,6 @@ from embeddings.replicated import ReplicatedTables
 from embeddings.worker_sharding import SHARDINGS
 from hpctrain.bench.report import mean_row
 from hpctrain.config import JobConfig, load_config
-from hpctrain.errors import ConfigError
 from hpctrain.runtime.world import Topology, build_topology
 from hpctrain.stats import PAIRED_METHOD, paired_ratio_interval
 from hpctrain.train.job import run_training
@@ -77,8 +76,6 @@ def layouts(ranks: int) -> list[tuple[str, list[str]]]:
 def run(args: argparse.Namespace, config: JobConfig,
         topo: Topology) -> list[dict[str, Any]] | None:
     """Train every layout (collective over the world); world rank 0 returns the rows."""
-    if args.repeat < 1:
-        raise ConfigError(f"bench embeddings: --repeat {args.repeat}: expected at least 1")
     cases = layouts(topo.world.Get_size())
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in cases}
     with tempfile.TemporaryDirectory(prefix="hpctrain-bench-") as scratch:

@@ -44,7 +44,6 @@ from embeddings.hotcold import HotSetPlanner, merge_seen, retier_due
 from hpctrain.bench.report import mean_row
 from hpctrain.config import JobConfig, load_config
 from hpctrain.data.synthetic import SyntheticClicks
-from hpctrain.errors import ConfigError
 from hpctrain.runtime.waits import Wait, wait_all
 from hpctrain.runtime.world import Topology
 from hpctrain.stats import PAIRED_METHOD, paired_ratio_interval
@@ -83,8 +82,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, config: JobConfig,
         topo: Topology) -> list[dict[str, Any]] | None:
     """Run both measurements on every rank; world rank 0 returns one row per setting."""
-    if args.repeat < 1:
-        raise ConfigError(f"bench tiering: --repeat {args.repeat}: expected at least 1")
     settings = [(z, b) for z in args.zipf for b in args.budgets]
     hits = _hit_rates(args, config, topo) if topo.is_worker else []
     # ranks done early wait without spinning

@@ -174,3 +174,11 @@ def test_compare_sync_bad_input_exits_2_with_one_line():
         assert result.returncode == 2, (args, result.stdout)
         lines = result.stdout.strip().splitlines()
         assert len(lines) == 1 and words in lines[0], (args, result.stdout)
+
+
+def test_benchmarks_refuse_zero_repeats_with_one_line():
+    for bench in ("tiering", "embeddings"):
+        result = run_mpi([*HPCTRAIN, "bench", bench, "--repeat", "0"], ranks=3, timeout=60)
+        assert result.returncode == 2, (bench, result.stdout)
+        assert result.stdout.strip().splitlines() == [
+            f"hpctrain: error: bench {bench}: --repeat 0: expected at least 1"], result.stdout
