@@ -2,7 +2,7 @@
 
 import json
 
-from hpctrain.bench.report import format_table, line_plot, write_json
+from hpctrain.bench.report import format_table, line_plot, mean_row, print_rows, write_json
 
 
 def test_table_aligns_left_and_right_columns():
@@ -21,3 +21,17 @@ def test_json_is_written_whole_and_plot_is_a_png(tmp_path):
     line_plot(png, {"a": [(1, 2.0), (2, 3.0)]}, "t", "x", "y", log_x=True,
               hlines=[(2.5, "ref")])
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_repeated_runs_average_and_a_single_pair_says_it_has_no_interval(capsys):
+    from hpctrain.bench import embeddings, tiering
+
+    row = mean_row([{"layout": "ps:1", "workers": 3, "samples_per_s": 10.0},
+                    {"layout": "ps:1", "workers": 3, "samples_per_s": 20.0}])
+    assert row == {"layout": "ps:1", "workers": 3, "samples_per_s": 15.0}
+    print_rows([{"speedup": 0.9, "speedup_lo": None}], ["speedup", "speedup_lo"])
+    assert capsys.readouterr().out.splitlines()[1].split() == ["0.900", "-"]
+    assert "single pair" in tiering.speedup_note([{"pair_speedups": [0.9]}])
+    assert "over 3 pairs" in tiering.speedup_note([{"pair_speedups": [0.9, 1.0, 1.1]}])
+    assert "single round" in embeddings.speed_note([{"rounds": 1}])
+    assert "over 2 rounds" in embeddings.speed_note([{"rounds": 2}])
