@@ -33,10 +33,10 @@ from embeddings.alltoall import ShardedTables
 from embeddings.optim import SparseOptimizer
 from embeddings.replicated import ReplicatedTables
 from embeddings.worker_sharding import SHARDINGS
-from hpctrain.bench.report import mean_row
+from hpctrain.bench.report import interval_note, mean_row
 from hpctrain.config import JobConfig, load_config
 from hpctrain.runtime.world import Topology, build_topology
-from hpctrain.stats import PAIRED_METHOD, paired_ratio_interval
+from hpctrain.stats import paired_ratio_interval
 from hpctrain.train.job import run_training
 from hpctrain.train.report import Summary
 from hpctrain.train.trainer import Trainer
@@ -115,12 +115,8 @@ def run(args: argparse.Namespace, config: JobConfig,
 
 def speed_note(rows: list[dict[str, Any]]) -> str:
     """What the ratio columns are, and where there is no interval, why."""
-    rounds = rows[0]["rounds"] if rows else 0
-    if rounds < 2:
-        return ("ratios to replicated from a single round of runs, no interval (--repeat N "
-                "for one)")
-    return (f"ratios to replicated: {PAIRED_METHOD} over {rounds} rounds "
-            f"(95%: speed_ratio_lo-speed_ratio_hi)")
+    return interval_note("ratios to replicated", rows[0]["rounds"] if rows else 0, "round",
+                         "speed_ratio_lo-speed_ratio_hi")
 
 
 def _train(args: argparse.Namespace, world: Topology, name: str, overrides: list[str],

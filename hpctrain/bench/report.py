@@ -14,7 +14,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["format_table", "print_rows", "write_json", "line_plot", "mean_row"]
+from hpctrain.stats import PAIRED_METHOD
+
+__all__ = ["format_table", "print_rows", "write_json", "line_plot", "mean_row", "interval_note"]
 
 
 def _cell(value: Any) -> str:
@@ -41,6 +43,14 @@ def mean_row(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     value (a name, a count) the first run's."""
     return {key: sum(run[key] for run in runs) / len(runs) if isinstance(value, float)
             else value for key, value in runs[0].items()}
+
+
+def interval_note(what: str, count: int, unit: str, columns: str) -> str:
+    """The line under a table of paired ratios: how ``what`` was made from ``count`` pairs
+    (``unit``: "pair" or "round"), its interval's ``columns``; or that one gives none."""
+    if count < 2:
+        return f"{what} from a single {unit} of runs, no interval (--repeat N for one)"
+    return f"{what}: {PAIRED_METHOD} over {count} {unit}s of runs (95%: {columns})"
 
 
 def print_rows(rows: Sequence[dict[str, Any]], columns: Sequence[str],

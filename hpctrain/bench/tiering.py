@@ -41,7 +41,7 @@ import numpy as np
 
 from embeddings.freq import FrequencyTracker, oracle_hit_rate
 from embeddings.hotcold import HotSetPlanner, merge_seen, retier_due
-from hpctrain.bench.report import mean_row
+from hpctrain.bench.report import interval_note, mean_row
 from hpctrain.config import JobConfig, load_config
 from hpctrain.data.synthetic import SyntheticClicks
 from hpctrain.runtime.waits import Wait, wait_all
@@ -208,11 +208,9 @@ def _training(args: argparse.Namespace, config: JobConfig,
 
 def speedup_note(rows: list[dict[str, Any]]) -> str:
     """What the speedup columns are, and where there is no interval, why."""
-    pairs = len(rows[0]["pair_speedups"]) if rows else 0
-    if pairs < 2:
-        return ("speedup: tiered over untiered samples/s from a single pair of runs, no "
-                "interval (--repeat N for one)")
-    return f"speedup: {PAIRED_METHOD} over {pairs} pairs of runs (95%: speedup_lo-speedup_hi)"
+    return interval_note("speedup (tiered over untiered samples/s)",
+                         len(rows[0]["pair_speedups"]) if rows else 0, "pair",
+                         "speedup_lo-speedup_hi")
 
 
 def _train(args: argparse.Namespace, config: JobConfig, topo: Topology, zipf: float,
