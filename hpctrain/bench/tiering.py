@@ -20,7 +20,12 @@ Two measurements per setting (Zipf exponent x hot budget as a share of all rows)
    from the servers per training step (pulls, pushes and the re-tierings' moves, all
    workers) and samples per second (the mean over the runs of each kind); ``speedup`` is
    the geometric mean of the pairs' tiered/untiered ratios with its 95% interval
-   (:func:`~hpctrain.stats.paired_ratio_interval`; none for a single pair).
+   (:func:`~hpctrain.stats.paired_ratio_interval`; none for a single pair). The tiered
+   workers also exchange the hot rows' gradient sums and lookup counts among themselves:
+   ``wire_ratio`` counts those bytes too, since a network carries both (``bytes_ratio``,
+   the servers' alone, makes the tier look cheaper than it is). Under ``comm.emulate``,
+   the share of the untiered runs spent waiting for the emulated network bounds what any
+   tier could buy there (``network_bound``).
    Peak memory is not measured here: every run shares this process, whose peak includes the
    hit-rate streams; ``hpctrain train`` reports it per run. A short run cannot learn the
    hot set of a million-row table online, so the tiered runs start from a scan of the first
@@ -54,8 +59,8 @@ __all__ = ["add_arguments", "run", "COLUMNS", "speedup_note"]
 _WARM_UP_STEPS = 10
 
 COLUMNS = ["zipf", "hot_fraction", "lfu_hit_rate", "lru_hit_rate", "oracle_hit_rate",
-           "train_hit_rate", "bytes_ratio", "samples_per_s", "baseline_samples_per_s",
-           "speedup", "speedup_lo", "speedup_hi"]
+           "train_hit_rate", "bytes_ratio", "wire_ratio", "samples_per_s",
+           "baseline_samples_per_s", "speedup", "speedup_lo", "speedup_hi"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -188,6 +193,8 @@ def _training(args: argparse.Namespace, config: JobConfig,
                     "bytes_per_step": tiered["bytes_per_step"],
                     "baseline_bytes_per_step": base["bytes_per_step"],
                     "bytes_ratio": tiered["bytes_per_step"] / base["bytes_per_step"],
+                    "wire_ratio": (tiered["bytes_per_step"] + tiered["peer_bytes_per_step"])
+                    / (base["bytes_per_step"] + base["peer_bytes_per_step"]),
                     "warm_start_bytes": tiered["warm_start_bytes"],
                     "warm_start_s": tiered["warm_start_s"],
                     "move_bytes_per_step": tiered["move_bytes_per_step"],
@@ -203,14 +210,30 @@ def _training(args: argparse.Namespace, config: JobConfig,
                     "retier_share": tiered["retier_share"],
                     "train_steps": args.train_steps,
                 }
+                if "network_share" in base:  # comm.emulate
+                    results[(zipf, budget)].update(
+                        network_share=base["network_share"],
+                        tiered_network_share=tiered["network_share"],
+                        network_bound=1.0 / max(1.0 - base["network_share"], 1e-9))
     return results
 
 
 def speedup_note(rows: list[dict[str, Any]]) -> str:
-    """What the speedup columns are, and where there is no interval, why."""
-    return interval_note("speedup (tiered over untiered samples/s)",
-                         len(rows[0]["pair_speedups"]) if rows else 0, "pair",
-                         "speedup_lo-speedup_hi")
+    """What the speedup and byte columns are (where there is no interval, why), and under
+    an emulated network the most that cutting its waits could give."""
+    lines = [interval_note("speedup (tiered over untiered samples/s)",
+                           len(rows[0]["pair_speedups"]) if rows else 0, "pair",
+                           "speedup_lo-speedup_hi"),
+             "bytes_ratio: tiered over untiered bytes to and from the servers; wire_ratio: "
+             "the same with the hot sums and counts the tiered workers exchange"]
+    for row in rows:
+        if "network_share" in row:
+            lines.append(
+                f"zipf {row['zipf']}, hot {row['hot_fraction']}: the untiered runs waited "
+                f"{100 * row['network_share']:.1f}% of their time for the emulated network "
+                f"(largest worker; tiered {100 * row['tiered_network_share']:.1f}%), so no "
+                f"cut in network time speeds them up more than {row['network_bound']:.3f}x")
+    return "\n".join(lines)
 
 
 def _train(args: argparse.Namespace, config: JobConfig, topo: Topology, zipf: float,
@@ -237,7 +260,12 @@ def _train(args: argparse.Namespace, config: JobConfig, topo: Topology, zipf: fl
     moves = sum(c.move_bytes_sent + c.move_bytes_received for c in clients)
     tiers = summary.tiering
     lookups = sum(t.lookups for t in tiers)
-    return {"bytes_per_step": wire / steps, "move_bytes_per_step": moves / steps,
+    network = {}
+    if summary.emulated:  # seconds each rank waited for the emulated network
+        network["network_share"] = max(e.emulated_s for e in
+                                       summary.emulated[:topo.roles.workers]
+                                       ) / max(summary.wall_s, 1e-9)
+    return {**network, "bytes_per_step": wire / steps, "move_bytes_per_step": moves / steps,
             "peer_bytes_per_step": sum(t.sync_bytes + t.count_bytes for t in tiers)
             / steps,
             "samples_per_s": summary.samples_per_s,

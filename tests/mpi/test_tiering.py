@@ -291,10 +291,12 @@ def test_tiered_job_trains_and_bench_tiering_reports(tmp_path):
     out = tmp_path / "bench.json"
     bench = run_mpi([*HPCTRAIN, "bench", "tiering", "--rows", "20000", "--tables", "2",
                      "--zipf", "1.05", "--budgets", "0.1", "--stream-steps", "40",
-                     "--train-steps", "12", "--repeat", "2", "--json", str(out)], ranks=3,
+                     "--train-steps", "12", "--repeat", "2", "--json", str(out),
+                     "--set", "comm.node_size=1", "--set", "comm.emulate='20,10'"], ranks=3,
                     timeout=150)
     assert bench.returncode == 0, bench.stdout
     assert "Student t interval of their logarithms over 2 pairs" in bench.stdout
+    assert "no cut in network time speeds them up more than" in bench.stdout
     rows = json.loads(out.read_text())
     assert len(rows) == 1
     row = rows[0]
@@ -308,6 +310,12 @@ def test_tiered_job_trains_and_bench_tiering_reports(tmp_path):
     assert row["speedup_lo"] <= row["speedup"] <= row["speedup_hi"]
     assert 0 < row["lfu_hit_rate"] <= row["oracle_hit_rate"] <= 1
     assert 0 < row["bytes_ratio"] < 1
+    # the wire also carries the tiered workers' hot sums, which the untiered ones do not send
+    assert row["wire_ratio"] == pytest.approx(
+        (row["bytes_per_step"] + row["peer_bytes_per_step"]) / row["baseline_bytes_per_step"])
+    assert row["wire_ratio"] > row["bytes_ratio"]
+    assert 0 < row["network_share"] < 1 and 0 < row["tiered_network_share"] < 1
+    assert row["network_bound"] == pytest.approx(1 / (1 - row["network_share"]))
     # a seeded hot set is not re-tiered within 12 steps, and the hot rows written back when
     # the run ends (4000 rows of 16 values and a state word) are traffic of no step; what
     # moves is the final evaluation's reads of cold rows
