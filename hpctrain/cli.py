@@ -399,7 +399,7 @@ def _bench_tiering(args: argparse.Namespace, config: JobConfig, topo: Topology |
     rows = bench_tiering.run(args, config, topo)
     if rows is not None:
         print_rows(rows, bench_tiering.COLUMNS, args.json)
-        print(bench_tiering.speedup_note(rows))
+        print(bench_tiering.notes(rows))
     return 0
 
 

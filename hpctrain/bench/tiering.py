@@ -24,8 +24,8 @@ Two measurements per setting (Zipf exponent x hot budget as a share of all rows)
    workers also exchange the hot rows' gradient sums and lookup counts among themselves:
    ``wire_ratio`` counts those bytes too, since a network carries both (``bytes_ratio``,
    the servers' alone, makes the tier look cheaper than it is). Under ``comm.emulate``,
-   the share of the untiered runs spent waiting for the emulated network bounds what any
-   tier could buy there (``network_bound``).
+   the share of the untiered runs spent waiting for the emulated network bounds what
+   cutting network time, by a tier or otherwise, could buy there (``network_bound``).
    Peak memory is not measured here: every run shares this process, whose peak includes the
    hit-rate streams; ``hpctrain train`` reports it per run. A short run cannot learn the
    hot set of a million-row table online, so the tiered runs start from a scan of the first
@@ -54,7 +54,7 @@ from hpctrain.runtime.world import Topology
 from hpctrain.stats import PAIRED_METHOD, paired_ratio_interval
 from hpctrain.train.job import run_training
 
-__all__ = ["add_arguments", "run", "COLUMNS", "speedup_note"]
+__all__ = ["add_arguments", "run", "COLUMNS", "notes"]
 
 _WARM_UP_STEPS = 10
 
@@ -218,7 +218,7 @@ def _training(args: argparse.Namespace, config: JobConfig,
     return results
 
 
-def speedup_note(rows: list[dict[str, Any]]) -> str:
+def notes(rows: list[dict[str, Any]]) -> str:
     """What the speedup and byte columns are (where there is no interval, why), and under
     an emulated network the most that cutting its waits could give."""
     lines = [interval_note("speedup (tiered over untiered samples/s)",

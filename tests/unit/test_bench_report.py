@@ -31,7 +31,12 @@ def test_repeated_runs_average_and_a_single_pair_says_it_has_no_interval(capsys)
     assert row == {"layout": "ps:1", "workers": 3, "samples_per_s": 15.0}
     print_rows([{"speedup": 0.9, "speedup_lo": None}], ["speedup", "speedup_lo"])
     assert capsys.readouterr().out.splitlines()[1].split() == ["0.900", "-"]
-    assert "single pair" in tiering.speedup_note([{"pair_speedups": [0.9]}])
-    assert "over 3 pairs" in tiering.speedup_note([{"pair_speedups": [0.9, 1.0, 1.1]}])
+    assert "single pair" in tiering.notes([{"pair_speedups": [0.9]}])
+    assert "over 3 pairs" in tiering.notes([{"pair_speedups": [0.9, 1.0, 1.1]}])
+    emulated = {"pair_speedups": [0.9], "zipf": 1.05, "hot_fraction": 0.1,
+                "network_share": 0.2, "tiered_network_share": 0.3, "network_bound": 1.25}
+    assert "waited 20.0% of their time for the emulated network (largest worker; tiered " \
+           "30.0%), so no cut in network time speeds them up more than 1.250x" in \
+           tiering.notes([emulated])
     assert "single round" in embeddings.speed_note([{"rounds": 1}])
     assert "over 2 rounds" in embeddings.speed_note([{"rounds": 2}])
