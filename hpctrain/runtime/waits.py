@@ -35,14 +35,15 @@ _MAX_PAUSE_S = 1e-3
 class Backoff:
     """Spin, then sleep for doubling pauses up to 1 ms; ``reset`` after progress.
 
-    With ``yield_s`` (for ranks that have a core each), the first ``yield_s`` seconds after
-    the spins yield the core instead of sleeping: a peer that arrives then is seen at once,
-    not at the end of a pause (a sleep of 20 us-1 ms added up to that much to every wait
-    that outlasted the spins, which the skew between ranks at each exchange of a step does).
+    With ``yield_s``, the first ``yield_s`` seconds after the spins yield the core instead
+    of sleeping: a peer that arrives then is seen at once, not at the end of a pause (a
+    sleep of 20 us-1 ms added up to that much to every wait that outlasted the spins, which
+    the skew between ranks at each exchange of a step does). ``spins``: polls before that
+    (none where ranks outnumber cores: a spinning rank holds the core a peer needs).
     """
 
-    def __init__(self, yield_s: float = 0.0) -> None:
-        self.yield_s = yield_s
+    def __init__(self, yield_s: float = 0.0, spins: int = _SPINS) -> None:
+        self.yield_s, self.spins = yield_s, spins
         self.reset()
 
     def reset(self) -> None:
@@ -53,11 +54,11 @@ class Backoff:
     def idle(self, longest: float = _MAX_PAUSE_S) -> None:
         """Spin, yield or sleep, never longer than ``longest`` (when something is due then)."""
         self._spins += 1
-        if self._spins <= _SPINS:
+        if self._spins <= self.spins:
             return
         if self.yield_s:
             now = time.perf_counter()
-            if self._spins == _SPINS + 1:
+            if self._spins == self.spins + 1:
                 self._yield_until = now + self.yield_s
             if now < self._yield_until:
                 os.sched_yield()

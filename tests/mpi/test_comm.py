@@ -28,7 +28,7 @@ from hpctrain.comm import (
 from hpctrain.comm.fusion import FusedGradients
 from hpctrain.comm.select import ALGORITHMS
 from hpctrain.comm.types import OP_KERNEL, chunk_bounds
-from hpctrain.comm.window import allreduce_pipelined, allreduce_single_copy
+from hpctrain.comm.window import Window, allreduce_pipelined, allreduce_single_copy
 from hpctrain.config import CommConfig, load_config
 from hpctrain.errors import CommError
 from hpctrain.models.dlrm import DLRM
@@ -342,6 +342,29 @@ def test_hierarchical_with_a_forced_two_node_layout():
         fused.finish()
         for w in params:
             np.testing.assert_array_equal(w.grad.numpy(), np.full(w.numel(), p * (p + 1) / 2))
+
+
+@pytest.mark.mpi(ranks=(2,))
+def test_where_ranks_outnumber_cores_a_flag_wait_leaves_the_core():
+    """With ``spin=0`` (ranks outnumber cores) a rank that waits on the shared window's flags
+    for a peer still busy yields briefly, then sleeps: its thread takes a small share of the
+    wait's CPU, where yielding throughout took all of it (a yielding process stays
+    runnable) and so slowed the peer it waited for."""
+    node = WORLD.Split_type(MPI.COMM_TYPE_SHARED)
+    win = Window(node, 64, spin=0)
+    try:
+        win.sync()
+        if node.Get_rank() == 1:
+            time.sleep(0.5)  # the peer is busy elsewhere
+        wall, cpu = time.perf_counter(), time.thread_time()
+        win.sync()
+        wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+        if node.Get_rank() == 0:
+            assert wall > 0.4, wall
+            assert cpu < 0.2 * wall, (cpu, wall)
+    finally:
+        win.free()
+        node.Free()
 
 
 @pytest.mark.mpi(ranks=(2, 3))
