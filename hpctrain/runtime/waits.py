@@ -39,7 +39,8 @@ class Backoff:
     of sleeping: a peer that arrives then is seen at once, not at the end of a pause (a
     sleep of 20 us-1 ms added up to that much to every wait that outlasted the spins, which
     the skew between ranks at each exchange of a step does). ``spins``: polls before that
-    (none where ranks outnumber cores: a spinning rank holds the core a peer needs).
+    (the shared window's waits poll none where ranks outnumber cores: a polling rank holds
+    the core a peer needs).
     """
 
     def __init__(self, yield_s: float = 0.0, spins: int = _SPINS) -> None:

@@ -314,7 +314,8 @@ def test_tiered_job_trains_and_bench_tiering_reports(tmp_path):
     assert row["wire_ratio"] == pytest.approx(
         (row["bytes_per_step"] + row["peer_bytes_per_step"]) / row["baseline_bytes_per_step"])
     assert row["wire_ratio"] > row["bytes_ratio"]
-    assert 0 < row["network_share"] < 1 and 0 < row["tiered_network_share"] < 1
+    # a message that arrives later than the network model says waits for nothing more
+    assert 0 <= row["network_share"] < 1 and 0 <= row["tiered_network_share"] < 1
     assert row["network_bound"] == pytest.approx(1 / (1 - row["network_share"]))
     # a seeded hot set is not re-tiered within 12 steps, and the hot rows written back when
     # the run ends (4000 rows of 16 values and a state word) are traffic of no step; what
