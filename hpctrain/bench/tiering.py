@@ -260,11 +260,8 @@ def _train(args: argparse.Namespace, config: JobConfig, topo: Topology, zipf: fl
     moves = sum(c.move_bytes_sent + c.move_bytes_received for c in clients)
     tiers = summary.tiering
     lookups = sum(t.lookups for t in tiers)
-    network = {}
-    if summary.emulated:  # seconds each rank waited for the emulated network
-        network["network_share"] = max(e.emulated_s for e in
-                                       summary.emulated[:topo.roles.workers]
-                                       ) / max(summary.wall_s, 1e-9)
+    shares = summary.emulated_shares(topo.roles.workers)  # empty unless comm.emulate
+    network = {"network_share": max(shares)} if shares else {}
     return {**network, "bytes_per_step": wire / steps, "move_bytes_per_step": moves / steps,
             "peer_bytes_per_step": sum(t.sync_bytes + t.count_bytes for t in tiers)
             / steps,

@@ -88,6 +88,12 @@ class Summary:
     def step_samples_per_s(self) -> float:
         return self.samples / self.step_s if self.step_s else 0.0
 
+    def emulated_shares(self, workers: int) -> list[float]:
+        """Per worker, with ``comm.emulate``: its seconds waiting for the emulated network
+        as a share of the run (empty without)."""
+        wall = max(self.wall_s, 1e-9)
+        return [e.emulated_s / wall for e in self.emulated[:workers]]
+
     def as_dict(self) -> dict[str, object]:
         return {"steps": self.steps, "samples": self.samples, "wall_s": self.wall_s,
                 "step_s": self.step_s, "phase_s": self.phase_s,
@@ -188,8 +194,7 @@ def _client_row(summary: Summary) -> tuple[str, str]:
 
 def _emulated_row(summary: Summary, workers: int) -> tuple[str, str]:
     """Seconds each worker waited for the emulated network, as shares of the run."""
-    wall = max(summary.wall_s, 1e-9)
-    shares = [e.emulated_s / wall for e in summary.emulated[:workers]]
+    shares = summary.emulated_shares(workers)
     messages = sum(e.messages for e in summary.emulated)
     return ("emulated transfer", f"{100 * max(shares):.1f}% of the run max per worker ("
             + ", ".join(f"{100 * s:.1f}" for s in shares[:8]) + f"); {messages:,} messages "
