@@ -15,8 +15,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from scipy import stats as _scipy_stats
-
 __all__ = ["LEVEL", "MEAN_METHOD", "RATIO_METHOD", "Interval", "t_quantile", "mean_interval",
            "trimmed_mean", "ratio_interval", "PAIRED_METHOD", "paired_ratio_interval", "verdict"]
 
@@ -48,8 +46,12 @@ class Interval:
 
 
 def t_quantile(df: float, level: float = LEVEL) -> float:
-    """Two-sided Student t critical value: ``t_{(1+level)/2, df}``."""
-    return float(_scipy_stats.t.ppf(0.5 + level / 2, df))
+    """Two-sided Student t critical value: ``t_{(1+level)/2, df}``. SciPy is imported
+    here, not with the module: every command's parser imports the benchmarks (and through
+    them this module), and a training rank would carry SciPy's 50 MiB for nothing."""
+    from scipy import stats
+
+    return float(stats.t.ppf(0.5 + level / 2, df))
 
 
 def _mean_var(values: Sequence[float]) -> tuple[float, float]:

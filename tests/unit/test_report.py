@@ -217,3 +217,19 @@ def test_the_default_baseline_is_the_first_runs_group_even_when_that_run_failed(
     alone = build_report(find_runs([str(tmp_path)]), target=0.5)
     assert alone["baseline"] == "sync.model=asp"
     assert "the first run's group has no finished run" in alone["warnings"][0]
+
+
+def test_a_training_process_does_not_import_scipy_stats():
+    """Every command builds the whole parser, and the parser imports the benchmarks, which
+    share the interval code; SciPy's stats (about 50 MiB resident per rank) is imported only
+    when an interval is computed, so a training rank does not carry it."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from hpctrain import cli\n"
+            "cli._parser()\n"
+            "import hpctrain.train.job\n"
+            "sys.exit(int('scipy.stats' in sys.modules))\n")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+    assert stats.t_quantile(4) == pytest.approx(T_975_4, abs=1e-6)
