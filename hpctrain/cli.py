@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 from hpctrain.config import JobConfig, doc_table, dump_toml, load_config
 from hpctrain.errors import ConfigError, HpctrainError
 from hpctrain.runtime.abort import USER_ERROR, run_guarded, world_rank
+from hpctrain.runtime.env import share_one_heap
 from hpctrain.runtime.log import setup_logging
 from hpctrain.runtime.preempt import EXIT_STOPPED, exit_code
 
@@ -47,6 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     or numba on a node with a broken install say, still ends the job (``run_guarded``),
     not leaves the others waiting for it."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    share_one_heap()  # before any thread of ours starts
     return run_guarded(lambda: _main(argv))
 
 

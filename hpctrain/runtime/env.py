@@ -10,7 +10,7 @@ import resource
 from mpi4py import MPI
 
 __all__ = ["mpi_library", "allocation", "current_rss_bytes", "peak_rss_bytes",
-           "release_free_memory"]
+           "release_free_memory", "share_one_heap"]
 
 _ALLOCATION_VARS = (
     "SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_JOB_NUM_NODES", "SLURM_NTASKS",
@@ -52,15 +52,17 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _malloc_trim() -> ctypes._CFuncPtr | None:
-    """glibc's ``malloc_trim``, or ``None`` where the C library has none."""
+def _glibc(name: str) -> ctypes._CFuncPtr | None:
+    """glibc's function ``name``, or ``None`` where the C library has none."""
     try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or None).malloc_trim
+        return getattr(ctypes.CDLL(ctypes.util.find_library("c") or None), name)
     except (OSError, AttributeError):  # pragma: no cover - not glibc
         return None
 
 
-_TRIM = _malloc_trim()
+_TRIM = _glibc("malloc_trim")
+_MALLOPT = _glibc("mallopt")
+_M_ARENA_MAX = -8  # glibc's malloc.h
 
 
 def release_free_memory() -> None:
@@ -70,3 +72,14 @@ def release_free_memory() -> None:
     otherwise stay in the resident memory of the whole run."""
     if _TRIM is not None:
         _TRIM(0)
+
+
+def share_one_heap() -> None:
+    """Make threads that start from now on allocate from the heaps already there (glibc's
+    ``mallopt(M_ARENA_MAX, 1)``; nothing elsewhere). glibc gives a new thread a heap of
+    its own, and what one heap frees another cannot reuse: the tiered store's planning
+    thread kept its plans' scratch beside what the steps free, and the tiered `bench
+    tiering` job peaked at 507-517 MiB per worker against 488-492 with one heap (the
+    same plans made inline: 491). Called before any thread starts; the step ran as fast."""
+    if _MALLOPT is not None:
+        _MALLOPT(_M_ARENA_MAX, 1)
