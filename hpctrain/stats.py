@@ -48,7 +48,7 @@ class Interval:
 def t_quantile(df: float, level: float = LEVEL) -> float:
     """Two-sided Student t critical value: ``t_{(1+level)/2, df}``. SciPy is imported
     here, not with the module: every command's parser imports the benchmarks (and through
-    them this module), and a training rank would carry SciPy's 50 MiB for nothing."""
+    them this module), and a training rank would carry SciPy's 46 MiB for nothing."""
     from scipy import stats
 
     return float(stats.t.ppf(0.5 + level / 2, df))

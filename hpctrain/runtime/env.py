@@ -1,4 +1,5 @@
-"""What the launcher and the batch system tell a rank: MPI library, Slurm/PBS allocation."""
+"""What the launcher and the batch system tell a rank (MPI library, Slurm/PBS allocation),
+and the process's memory (its resident size, glibc's heaps)."""
 
 from __future__ import annotations
 

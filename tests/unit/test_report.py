@@ -3,6 +3,8 @@ arithmetic (hand-computed t quantiles), targets, ratios and verdicts, and the re
 
 import json
 import math
+import subprocess
+import sys
 
 import pytest
 from scipy import stats as scipy_stats
@@ -221,11 +223,8 @@ def test_the_default_baseline_is_the_first_runs_group_even_when_that_run_failed(
 
 def test_a_training_process_does_not_import_scipy_stats():
     """Every command builds the whole parser, and the parser imports the benchmarks, which
-    share the interval code; SciPy's stats (about 50 MiB resident per rank) is imported only
+    share the interval code; SciPy's stats (about 46 MiB resident per rank) is imported only
     when an interval is computed, so a training rank does not carry it."""
-    import subprocess
-    import sys
-
     code = ("import sys\n"
             "from hpctrain import cli\n"
             "cli._parser()\n"
