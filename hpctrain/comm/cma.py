@@ -19,7 +19,7 @@ import numpy as np
 from mpi4py import MPI
 from numba import types
 
-__all__ = ["read", "publish", "read_published", "works"]
+__all__ = ["read", "publish", "read_published", "works", "compile_kernels"]
 
 # All six arguments are machine words (pid, two iovec arrays and their lengths, flags);
 # bound by name, so that the numba functions calling it can be cached.
@@ -76,3 +76,11 @@ def works(node: MPI.Intracomm) -> bool:
     got = np.zeros(1, np.int64)
     ok = read(pid, address, got, 0, 8, np.empty(4, np.int64)) and got[0] == (r + 1) % p + 1
     return bool(node.allreduce(int(ok), op=MPI.MIN))  # ``mine`` lives until all have read
+
+
+def compile_kernels() -> None:
+    """Run :func:`read` once, on this process's own memory with the argument types of
+    :func:`works`' probe, so that a group's probe (in a run's first collective) does not
+    compile it."""
+    mine, got = np.ones(1, np.int64), np.zeros(1, np.int64)
+    read(os.getpid(), mine.ctypes.data, got, 0, 8, np.empty(4, np.int64))

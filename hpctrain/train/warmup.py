@@ -26,7 +26,7 @@ from embeddings.optim import SparseOptimizer, coalesce
 from embeddings.sharding import Placement, plan_sharding
 from embeddings.tables import pack_rows, unpack_rows
 from embeddings.types import TableSpec
-from hpctrain.comm import alltoall, kernels, window
+from hpctrain.comm import alltoall, cma, kernels, window
 from ps import kernels as ps_kernels
 
 __all__ = ["prepare_kernels"]
@@ -35,11 +35,14 @@ log = logging.getLogger(__name__)
 
 
 def prepare_kernels(optimizers: Sequence[SparseOptimizer], tiering: bool,
-                    parameter_server: bool = False) -> tuple[float, int]:
+                    parameter_server: bool = False, all_to_all: bool = False
+                    ) -> tuple[float, int]:
     """Compile or load the kernels of a step with the row ``optimizers`` (and the tiered
     store's frequency sketch when ``tiering``, the client's routing of rows to servers when
-    ``parameter_server``); returns (seconds, kernels compiled)."""
-    dispatchers = _dispatchers(tiering, parameter_server)
+    ``parameter_server``, the exchanges of the all-to-all store when ``all_to_all``);
+    returns (seconds, kernels compiled). Only the job's: each loaded kernel stays resident
+    (the all-to-all's took 5 MiB of every rank)."""
+    dispatchers = _dispatchers(tiering, parameter_server, all_to_all)
     misses = sum(sum(d.stats.cache_misses.values()) for d in dispatchers)
     log.info("preparing the numba kernels (compiled on a machine's first run, then loaded "
              "from numba's cache)")
@@ -57,8 +60,10 @@ def prepare_kernels(optimizers: Sequence[SparseOptimizer], tiering: bool,
         for mode in (0, 1, 2):
             kernels.reduce_slice(flat, 4, 2, 0, own, 0, 4, mode, kernels.SUM, kernels.ARITH)
     window.compile_kernels()
-    alltoall.compile_kernels()
-    sharded.compile_kernels()
+    cma.compile_kernels()
+    if all_to_all:
+        alltoall.compile_kernels()
+        sharded.compile_kernels()
     if parameter_server:  # as the client routes a pull: tables and ids of sorted rows
         placement = Placement(plan_sharding([TableSpec("t", 4, 2)], 1))
         ps_kernels.route(np.zeros(2, np.int64), np.arange(2, dtype=np.int64),
@@ -94,13 +99,14 @@ def prepare_kernels(optimizers: Sequence[SparseOptimizer], tiering: bool,
     return seconds, compiled
 
 
-def _dispatchers(tiering: bool, parameter_server: bool) -> list:
+def _dispatchers(tiering: bool, parameter_server: bool, all_to_all: bool) -> list:
     """The numba dispatchers :func:`prepare_kernels` reaches (for their cache counters)."""
     from embeddings import optim
 
     found = [getattr(module, name)
-             for module in (optim, kernels, window, alltoall, sharded, worker_sharding,
-                            collection, *((ps_kernels,) if parameter_server else ()),
+             for module in (optim, kernels, window, cma, collection,
+                            *((alltoall, sharded, worker_sharding) if all_to_all else ()),
+                            *((ps_kernels,) if parameter_server else ()),
                             *((freq, hotcold, hotsum, hottier, tiered) if tiering else ()))
              for name in dir(module)]
     return [d for d in found if hasattr(d, "stats") and hasattr(d.stats, "cache_misses")]
