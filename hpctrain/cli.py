@@ -57,7 +57,7 @@ def _main(argv: list[str]) -> int:
         from hpctrain.plan.cli import main as plan_main
 
         return plan_main(argv[1:])
-    args = _parser().parse_args(argv)
+    args = _parser(bench_flags=argv[:1] == ["bench"]).parse_args(argv)
     if args.command in _OFFLINE:  # no job and no MPI world: files in, files out
         try:
             return _OFFLINE[args.command](args)
@@ -93,9 +93,11 @@ def _main(argv: list[str]) -> int:
             raise ConfigError("bench emulate: set comm.emulate (e.g. '20000,0.4') and "
                               "comm.node_size (ranks per emulated node)")
         setup_logging(world_rank(), config.runtime.log_level)
-        from hpctrain.runtime.world import build_topology  # torch: inside the guard
+        topo = None
+        if args.command in _NEEDS_WORLD:
+            from hpctrain.runtime.world import build_topology  # torch: inside the guard
 
-        topo = build_topology(config) if args.command in _NEEDS_WORLD else None
+            topo = build_topology(config)
     except HpctrainError as exc:
         if world_rank() == 0:
             print(f"hpctrain: error: {exc}", file=sys.stderr, flush=True)
@@ -114,7 +116,8 @@ def _run(command: Callable[[argparse.Namespace, JobConfig, Topology | None], int
     return code
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(bench_flags: bool = True) -> argparse.ArgumentParser:
+    """Every command; the benchmarks' own flags with ``bench_flags`` (:func:`_add_bench_flags`)."""
     parser = argparse.ArgumentParser(
         prog="hpctrain", description="Distributed DLRM training over MPI "
                                      "(launch with mpiexec/srun; see README.md).")
@@ -162,9 +165,6 @@ def _parser() -> argparse.ArgumentParser:
     ps = command("ps", "parameter-server pull/push rows/s and bytes per step against torch "
                        "EmbeddingBag(sparse=True)", benches)
     ps.add_argument("--servers", type=int, default=1, help="server ranks (default 1)")
-    from hpctrain.bench import ps as bench_ps
-
-    bench_ps.add_arguments(ps)
     pipe = command("pipeline", "bubble fraction and peak held activations of GPipe and 1F1B "
                                "against (p-1)/(m+p-1)", benches)
     pipe.add_argument("--p", type=int, nargs="+", default=[2, 4], metavar="P",
@@ -183,38 +183,26 @@ def _parser() -> argparse.ArgumentParser:
     tiering = command("tiering", "hot/cold tiering: LFU/LRU/oracle hit rates, bytes and "
                                  "samples/s against the untiered parameter server (one server "
                                  "rank)", benches)
-    from hpctrain.bench import tiering as bench_tiering
-
-    bench_tiering.add_arguments(tiering)
-    from hpctrain.bench import embeddings as bench_embeddings
-
-    bench_embeddings.add_arguments(command(
-        "embeddings", "one job through replicated, all-to-all (each sharding), PS (1 and 2 "
-                      "servers) and tiered tables: step time, bytes, memory", benches))
-    from hpctrain.bench import alltoall as bench_alltoall
-
-    bench_alltoall.add_arguments(command("alltoall", "time alltoallv for each algorithm "
-                                         "against native MPI_Alltoallv", benches))
+    embeddings = command("embeddings", "one job through replicated, all-to-all (each "
+                                       "sharding), PS (1 and 2 servers) and tiered tables: "
+                                       "step time, bytes, memory", benches)
+    alltoall = command("alltoall", "time alltoallv for each algorithm against native "
+                                   "MPI_Alltoallv", benches)
     dlrm = command("dlrm", "hpctrain's training step against a plain-torch DLRM step "
                            "(EmbeddingBag sparse=True, SGD) and the MLP-only bound, "
                            "interleaved in one process", benches)
-    from hpctrain.bench import dlrm as bench_dlrm
-
-    bench_dlrm.add_arguments(dlrm)
     data = command("data", "data phase of the Criteo text reader against its HDF5 file "
                            "(hpctrain preprocess), alternating passes", benches)
-    from hpctrain.bench import data as bench_data
-
-    bench_data.add_arguments(data)
     _bench_allreduce_args(command("allreduce", "time allreduce for each algorithm against "
                                   "native MPI_Allreduce", benches))
-    from hpctrain.bench import emulate as bench_emulate
-    bench_emulate.add_arguments(command("emulate", "check comm.emulate: extra time of a "
-                                        "ping-pong and allreduces over the delay predicted",
-                                        benches))
+    emulate = command("emulate", "check comm.emulate: extra time of a ping-pong and "
+                                 "allreduces over the delay predicted", benches)
     command("calibrate", "measure the cost model's alpha/beta parameters and write them "
                          "(point comm.calibration at the file)", benches).add_argument(
         "--out", default="comm-calibration.json", help="output file (default: %(default)s)")
+    if bench_flags:
+        _add_bench_flags({"ps": ps, "tiering": tiering, "embeddings": embeddings,
+                          "alltoall": alltoall, "dlrm": dlrm, "data": data, "emulate": emulate})
     sub.add_parser("plan", add_help=False,
                    help="predict memory and step time of the job's layouts on a cluster, "
                         "rank them, validate them (`hpctrain plan --help`); `plan calc` "
@@ -316,6 +304,19 @@ def _command_overrides(args: argparse.Namespace) -> list[str]:
 
         return straggler_overrides(args.stragglers)
     return []
+
+
+def _add_bench_flags(parsers: dict[str, argparse.ArgumentParser]) -> None:
+    """Each benchmark module's own flags, added to its command's parser. Only a ``bench``
+    command builds them: the modules import torch and the trainer, which the other commands
+    never need, and which take a second or more to import (much more from a parallel file
+    system)."""
+    from hpctrain.bench import alltoall, data, dlrm, embeddings, emulate, ps, tiering
+
+    modules = {"ps": ps, "tiering": tiering, "embeddings": embeddings, "alltoall": alltoall,
+               "dlrm": dlrm, "data": data, "emulate": emulate}
+    for name, parser in parsers.items():
+        modules[name].add_arguments(parser)
 
 
 def _bench_allreduce_args(p: argparse.ArgumentParser) -> None:
