@@ -9,7 +9,9 @@ gradients' segment writing and records' sum (``cache=True``: later runs load the
 ``__pycache__``); compiling inside the first step left the progress bar at step 1 for
 seconds with no word why. :func:`prepare_kernels` runs each kernel once on a few elements,
 through the same entry points and argument types as the step, and says on rank 0 how long
-that took and whether the kernels were compiled or loaded from numba's cache.
+that took and whether the kernels were compiled or loaded from numba's cache. It prepares
+the job's kernels only (the parameter server's, the all-to-all's and the tiered store's when
+the job uses them, the group's single-copy probe always): a loaded kernel stays resident.
 """
 
 from __future__ import annotations
