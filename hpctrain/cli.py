@@ -313,10 +313,8 @@ def _add_bench_flags(parsers: dict[str, argparse.ArgumentParser]) -> None:
     system)."""
     from hpctrain.bench import alltoall, data, dlrm, embeddings, emulate, ps, tiering
 
-    modules = {"ps": ps, "tiering": tiering, "embeddings": embeddings, "alltoall": alltoall,
-               "dlrm": dlrm, "data": data, "emulate": emulate}
-    for name, parser in parsers.items():
-        modules[name].add_arguments(parser)
+    for module in (alltoall, data, dlrm, embeddings, emulate, ps, tiering):
+        module.add_arguments(parsers[module.__name__.rpartition(".")[2]])
 
 
 def _bench_allreduce_args(p: argparse.ArgumentParser) -> None:

@@ -47,8 +47,8 @@ class Interval:
 
 def t_quantile(df: float, level: float = LEVEL) -> float:
     """Two-sided Student t critical value: ``t_{(1+level)/2, df}``. SciPy is imported
-    here, not with the module: every command's parser imports the benchmarks (and through
-    them this module), and a training rank would carry SciPy's 46 MiB for nothing."""
+    here, not with the module: the benchmarks import this module, and their training runs
+    would carry SciPy's 46 MiB for a quantile they never take."""
     from scipy import stats
 
     return float(stats.t.ppf(0.5 + level / 2, df))

@@ -222,9 +222,9 @@ def test_the_default_baseline_is_the_first_runs_group_even_when_that_run_failed(
 
 
 def test_a_training_process_does_not_import_scipy_stats():
-    """Every command builds the whole parser, and the parser imports the benchmarks, which
-    share the interval code; SciPy's stats (about 46 MiB resident per rank) is imported only
-    when an interval is computed, so a training rank does not carry it."""
+    """A bench command's parser imports the benchmarks, which share the interval code;
+    SciPy's stats (about 46 MiB resident per rank) is imported only when an interval is
+    computed, so their training ranks do not carry it."""
     code = ("import sys\n"
             "from hpctrain import cli\n"
             "cli._parser()\n"
