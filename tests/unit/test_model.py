@@ -28,10 +28,10 @@ def test_interaction_is_the_pairwise_dot_product():
 
 
 def test_interaction_gradient_is_autograds_of_the_plain_products():
-    """The pair products' own backward (one gather into the symmetric gradient grid, one
-    bmm) against autograd through bmm and index_select, and numerically (gradcheck,
-    float64); in float32 its grid holds the bits of one built by scattering each pair's
-    gradient into its cell and its mirror's."""
+    """The interaction's own backward (one gather into the symmetric gradient grid, its
+    diagonal zeroed, one bmm) against autograd through bmm and index_select, and
+    numerically (gradcheck, float64); in float32 its grid holds the bits of one built by
+    scattering each pair's gradient into its cell and its mirror's."""
     interaction = DotInteraction(4)
     x = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
     emb = torch.randn(5, 4, 3, dtype=torch.float64, requires_grad=True)
@@ -41,7 +41,7 @@ def test_interaction_gradient_is_autograds_of_the_plain_products():
     ours = x.grad.clone(), emb.grad.clone()
     x.grad = emb.grad = None
     features = torch.cat([x.unsqueeze(1), emb], dim=1)
-    lower = interaction.lower
+    lower = interaction.lower.squeeze(0)
     plain = torch.bmm(features, features.transpose(1, 2)).flatten(1).index_select(1, lower)
     (torch.cat([x, plain], dim=1) * weights).sum().backward()
     torch.testing.assert_close(ours, (x.grad, emb.grad))
