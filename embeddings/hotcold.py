@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from embeddings.collection import radix_order
+from embeddings.collection import radix_sort
 from embeddings.freq import FrequencyTracker
 
 __all__ = ["POLICIES", "BUDGET_UNITS", "hot_row_bytes", "hot_capacity", "retier_due",
@@ -88,15 +88,15 @@ def merge_seen(rows: np.ndarray, counts: np.ndarray,
 
 @numba.njit(cache=True, nogil=True)  # runs on the re-tiering thread beside the step
 def _merge_seen(rows, counts, last):  # pragma: no cover - compiled
-    order = radix_order(rows)
-    out_rows = np.empty(rows.size, np.int64)
+    out_rows, order = radix_sort(rows)
     out_counts = np.empty(rows.size, np.float32)
     out_last = np.empty(rows.size, np.int64)
     m = -1
-    for i in order:
-        if m < 0 or rows[i] != out_rows[m]:
+    for k in range(rows.size):
+        i = order[k]
+        if m < 0 or out_rows[k] != out_rows[m]:
             m += 1
-            out_rows[m], out_counts[m], out_last[m] = rows[i], counts[i], last[i]
+            out_rows[m], out_counts[m], out_last[m] = out_rows[k], counts[i], last[i]
         else:
             out_counts[m] += counts[i]
             out_last[m] = max(out_last[m], last[i])

@@ -128,8 +128,9 @@ def probe_device() -> Device:
         bandwidth = 2 * src.nbytes / _best(lambda: np.copyto(dst, src), 8)  # read + write
         x = torch.ones(4, 4)
         op = _best(lambda: x.add(x), 200)
-        # the lookups' own de-duplication on Zipf ids: steady across processes (15.0-15.3
-        # ns here), where np.unique's sort flipped between 18 and 30 ns
+        # the lookups' own de-duplication on Zipf ids: steady across processes (9.0-9.1 ns
+        # here; 16.1-16.6 with the hash table it replaced), where np.unique's sort flipped
+        # between 18 and 30 ns
         ids = (np.random.default_rng(0).zipf(1.05, 1 << 16) % (1 << 20)).astype(np.int64)
         per_id = _best(lambda: unique_rows(ids), 8) / ids.size
     finally:

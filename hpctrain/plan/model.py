@@ -81,20 +81,22 @@ ACTIVATION_PASSES = 16
 between the matmuls); with the two constants above, fitted to the compute phase of 14
 one-rank runs (the jobs of ``jobs/configs`` at batch 32-2048, dims 16 and 64) within 11%,
 the passes then rescaled to the 8 MiB copy the probe now times."""
-ID_PASSES = 1.7  # per looked-up id: the de-duplication, the inverse, the remap
+ID_PASSES = 2.3  # per looked-up id: the de-duplication, the inverse, the remap
 LOOKUP_PASSES = 2.7  # memory passes over the looked-up rows: gather, gradient, remap
-ROW_UPDATE_IDS = 5.8
+ROW_UPDATE_IDS = 11.0
 """Cost of applying one touched row, in units of the probed per-id de-duplication cost
 (``device.id_latency``): a cache miss into a large table, the coalesce and the update
 (fitted to the push phase, with :data:`STATE_ROW_IDS` more for a row with optimizer
-state)."""
-STATE_ROW_IDS = 1.7
+state). This and the other per-id constants were multiplied by 1.9 (``ID_PASSES``: its
+non-de-duplication part) when the de-duplication became 1.9x faster (a radix sort of every
+id in place of a hash table): the probe's unit shrank, the work they price did not."""
+STATE_ROW_IDS = 3.2
 OPT_PASSES = 3.7  # memory passes of the dense optimizer over the parameters
 OPT_STATE_PASSES = 16  # more per float of optimizer state per parameter (Adagrad's sqrt, div)
 OPT_OPS = 46  # the dense optimizer's fixed cost (its foreach calls), in op latencies
 GUARD_PASSES = 2.7  # the non-finite check and the scaling over the dense gradients, every step
 GUARD_OPS = 120  # the step's statistics and the guard's fixed cost, in op latencies
-GUARD_ID_PASSES = 0.17  # its scan of the looked-up rows' gradients, per id
+GUARD_ID_PASSES = 0.32  # its scan of the looked-up rows' gradients, per id
 ZERO2_STALL = 0.1
 """ZeRO-2's reductions run inline from the gradient hook, so backward waits at each bucket
 for the slowest rank's gradient: measured, 10% of the compute at 2 ranks (dlrm_reference
