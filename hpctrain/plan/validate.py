@@ -90,7 +90,10 @@ def _measure(job: str | None, overrides: Sequence[str], short: Sequence[str],
              once: Sequence[str], world_topo: Topology) -> tuple[float, float, float]:
     """(median step s, peak bytes, CPU s per step) of a layout: a one-step run, then a run of
     ``--steps``; the difference of their CPU times per extra step leaves setup and
-    evaluation out."""
+    evaluation out. A one-step run before them takes what only a process's first run of the
+    layout pays: numba compiling its kernels on a machine's first run (seconds of CPU,
+    which made the difference negative)."""
+    _run(job, [*overrides, *once], world_topo)
     _, _, cpu1 = _run(job, [*overrides, *once], world_topo)
     step, peak, cpu = _run(job, [*overrides, *short], world_topo)
     steps = load_config(job, [*overrides, *short]).train.steps

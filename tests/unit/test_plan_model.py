@@ -301,3 +301,22 @@ def test_a_jobs_own_stage_cuts_are_predicted_and_other_pipelines_are_balanced():
         if q.proposal.pp not in (1, 2) or q.proposal.stage_cuts:
             continue
         load_config(job, [*keys, *q.proposal.overrides()])  # runnable: no ConfigError
+
+
+def test_validation_leaves_a_first_runs_compilation_out_of_the_cpu_per_step(monkeypatch):
+    """The first run of a layout in a process compiles its kernels on a machine's first
+    run; taken as the one-step run, its CPU made the CPU per step negative."""
+    from hpctrain.plan import validate
+
+    cpu = iter([9.0, 1.0, 3.0])  # compiling one-step run, one-step run, a run of 5 steps
+    runs = []
+
+    def run(job, overrides, world_topo):
+        runs.append([o for o in overrides if o.startswith("train.steps=")])
+        return 0.002, 1 << 20, next(cpu)
+
+    monkeypatch.setattr(validate, "_run", run)
+    step, peak, per_step = validate._measure(None, [], ["train.steps=5"], ["train.steps=1"],
+                                             None)
+    assert runs == [["train.steps=1"], ["train.steps=1"], ["train.steps=5"]]
+    assert (step, peak, per_step) == (0.002, 1 << 20, 0.5)  # (3 - 1) / 4
