@@ -17,6 +17,7 @@ from hpctrain.config import load_config
 from hpctrain.data.synthetic import SyntheticClicks
 from hpctrain.errors import ConfigError
 from hpctrain.models.dlrm import DLRM
+from hpctrain.plan import validate
 from hpctrain.plan.cli import main
 from hpctrain.plan.cluster import Device, load_cluster, machine_cluster, probe_reader
 from hpctrain.plan.model import READ_COLD, allreduce_s, dense_params, predict, workload, zipf_unique
@@ -306,8 +307,6 @@ def test_a_jobs_own_stage_cuts_are_predicted_and_other_pipelines_are_balanced():
 def test_validation_leaves_a_first_runs_compilation_out_of_the_cpu_per_step(monkeypatch):
     """The first run of a layout in a process compiles its kernels on a machine's first
     run; taken as the one-step run, its CPU made the CPU per step negative."""
-    from hpctrain.plan import validate
-
     cpu = iter([9.0, 1.0, 3.0])  # compiling one-step run, one-step run, a run of 5 steps
     runs = []
 
