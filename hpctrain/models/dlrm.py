@@ -78,10 +78,10 @@ class _Interaction(torch.autograd.Function):
     takes its pair's gradient; the diagonal is zeroed after). Autograd's own backward (a
     scatter for the selection, two ``bmm`` and a sum) took about a fifth longer at batch
     2048; ``gather`` with an expanded index row took 0.94 ms where ``index_select`` took
-    1.25-1.48 ms (batch 2048, two threads, inside the step). The embeddings' gradient is a
-    ``bmm`` of its own, so that it is contiguous: as a slice of one ``bmm``'s output it was
-    copied before the lookup's ``index_add_``, and forward and backward at batch 2048 took
-    3.4-3.7% longer."""
+    1.25-1.48 ms (batch 2048, two threads, within the model's backward). The embeddings'
+    gradient is a ``bmm`` of its own, so that it is contiguous: as a slice of one ``bmm``'s
+    output it was copied before the lookup's ``index_add_``, and forward and backward at
+    batch 2048 took 3.4-3.7% longer."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, embedded: torch.Tensor, lower: torch.Tensor,
