@@ -4,11 +4,12 @@ and peak memory.
 
 World rank 0 plans (probe included) and broadcasts the plan, as TorchRec's
 ``collective_plan`` does; then every layout trains ``--steps`` steps through
-:func:`hpctrain.train.job.run_training`, after one short warm-up run that compiles the
-kernels. Measured step time is the slowest worker's median step (the trainer's ``p50``:
-warm-up and load spikes fall outside it) and, less sensitive to other load on the machine,
-the busiest rank's CPU time per step (a one-step run's CPU time subtracted from the full
-run's, so setup and evaluation drop out); measured peak memory is the largest rank's
+:func:`hpctrain.train.job.run_training`, after a one-step warm-up run of that layout
+(numba compiles its kernels there on a machine's first run). Measured step time is the
+slowest worker's median step (the trainer's ``p50``: warm-up and load spikes fall outside
+it) and, less sensitive to other load on the machine, the busiest rank's CPU time per step
+(a one-step run's CPU time subtracted from the full run's, so setup and evaluation drop
+out); measured peak memory is the largest rank's
 resident high-water mark during that run (reset before it, ``/proc/self/clear_refs``).
 The runs use one torch thread per rank, as the probe does: on a machine shared with other
 work a second intra-op thread waits for a core at every op and makes the step many times
@@ -92,7 +93,7 @@ def _measure(job: str | None, overrides: Sequence[str], short: Sequence[str],
     ``--steps``; the difference of their CPU times per extra step leaves setup and
     evaluation out. A one-step run before them takes what only a process's first run of the
     layout pays: numba compiling its kernels on a machine's first run (seconds of CPU,
-    which made the difference negative)."""
+    which made the difference negative), and the allocator's first fill."""
     _run(job, [*overrides, *once], world_topo)
     _, _, cpu1 = _run(job, [*overrides, *once], world_topo)
     step, peak, cpu = _run(job, [*overrides, *short], world_topo)
@@ -165,8 +166,6 @@ def run_validate(args: argparse.Namespace) -> int:
     if not top:
         raise ConfigError("--validate: no layout of the job fits the launched ranks")
     short, once = _short(base, max(args.steps, 2)), _short(base, 1)
-    _run(args.job, [*args.set, *top[0].proposal.overrides(), *once],
-         topo)  # warm-up: loads the kernels, fills the allocator
     measured = [_measure(args.job, [*args.set, *q.proposal.overrides()], short, once, topo)
                 for q in top]
     if topo.rank == 0:

@@ -23,7 +23,6 @@ def test_prepare_kernels_logs_and_leaves_nothing_to_compile(caplog):
 
 
 ONLY_THE_JOBS = """
-from embeddings import alltoall as store
 from embeddings.optim import SparseOptimizer
 from hpctrain.comm import alltoall
 from hpctrain.train.warmup import prepare_kernels
