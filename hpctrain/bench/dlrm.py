@@ -1,12 +1,13 @@
 """``hpctrain bench dlrm [JOB.toml]``: hpctrain's training step against a plain-torch step.
 
 One process (``hpctrain bench dlrm`` or ``mpiexec -n 1``) times, interleaved round by round
-so that a busy machine slows every case alike, at each ``--batch-sizes``:
+so that a busy machine slows every case alike (every other round in reverse order, so that no
+case always runs after the same one), at each ``--batch-sizes``:
 
 - ``hpctrain``: :meth:`Trainer.step` on the job's model and tables (batches read before
   timing: the step only, without the data phase);
-- ``hpctrain traced``: the same with ``runtime.trace`` on; its time over the untraced one is
-  the tracing overhead;
+- ``hpctrain traced``: the same with ``runtime.trace`` on, run next to it; the median over
+  the rounds of its time over the untraced one's is the tracing overhead;
 - ``torch``: the DLRM reference's way: one ``nn.EmbeddingBag(mode="sum", sparse=True)`` per
   table, the same dense model (hpctrain's layers and initial values) run by autograd as the
   reference writes it (``nn.Sequential`` MLPs, the dot products as ``bmm`` and an index of
@@ -83,11 +84,8 @@ def _one_size(args: argparse.Namespace, config: JobConfig, topo: Topology, batch
     count = max(1, min(8, dataset.num_samples("train") // batch_size))
     batches = [dataset.read("train", i * batch_size, (i + 1) * batch_size)
                for i in range(count)]
-    cases = {"hpctrain": _hpctrain(config, topo, dataset, batches),
-             "torch": _plain_torch(config, dataset.table_sizes, batches, topo.device),
-             "MLP only": _mlp_only(config, len(dataset.table_sizes), batches, topo.device)}
+    hpctrain_step = _hpctrain(config, topo, dataset, batches)
     path = f"{scratch}/trace-{batch_size}.json"
-    hpctrain_step = cases["hpctrain"]
 
     def traced(steps: int) -> float:
         trace.start(path, topo.world, "worker")
@@ -96,21 +94,36 @@ def _one_size(args: argparse.Namespace, config: JobConfig, topo: Topology, batch
         finally:
             trace.finish(topo.world)
 
-    cases["hpctrain traced"] = traced
-    times: dict[str, list[float]] = {name: [] for name in cases}
-    for round_ in range(args.rounds + 1):
-        for name, case in cases.items():
-            seconds = case(args.steps) / args.steps
-            if round_:  # the first round warms up (numba compiles, allocators settle)
-                times[name].append(seconds)
+    cases = {"hpctrain": hpctrain_step, "hpctrain traced": traced,
+             "torch": _plain_torch(config, dataset.table_sizes, batches, topo.device),
+             "MLP only": _mlp_only(config, len(dataset.table_sizes), batches, topo.device)}
+    times = _rounds(cases, args.rounds, args.steps)
     median = {name: float(np.median(t)) for name, t in times.items()}
     torch_rate = batch_size / median["torch"]
     rows = [{"batch": batch_size, "case": name, "ms_per_step": median[name] * 1e3,
              "samples_per_s": batch_size / median[name],
              "vs_torch": batch_size / median[name] / torch_rate}
             for name in ("hpctrain", "torch", "MLP only", "hpctrain traced")]
-    rows[-1]["overhead"] = median["hpctrain traced"] / median["hpctrain"]
+    # paired round by round (the two ran next to each other): a drift in the machine's speed
+    # over the rounds cancels out of each pair
+    rows[-1]["overhead"] = float(np.median(np.divide(times["hpctrain traced"],
+                                                     times["hpctrain"])))
     return rows
+
+
+def _rounds(cases: dict[str, Callable[[int], float]], rounds: int, steps: int
+            ) -> dict[str, list[float]]:
+    """Each case's seconds per step in each of ``rounds`` rounds of ``steps`` steps, after a
+    warm-up round (numba compiles, allocators settle). Every other round runs the cases in
+    reverse order: a case's place in the round (what ran before it, in the caches) would
+    otherwise bias it the same way every round."""
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for round_ in range(rounds + 1):
+        for name, case in list(cases.items())[::1 if round_ % 2 else -1]:
+            seconds = case(steps) / steps
+            if round_:
+                times[name].append(seconds)
+    return times
 
 
 def _hpctrain(config: JobConfig, topo: Topology, dataset, batches: list[Batch]

@@ -1,7 +1,7 @@
 import torch
 from torch.autograd import gradcheck
 
-from hpctrain.bench.dlrm import reference_logits
+from hpctrain.bench.dlrm import _rounds, reference_logits
 from hpctrain.config import ModelConfig
 from hpctrain.models.dlrm import DLRM, DotInteraction, interaction_width
 
@@ -69,3 +69,20 @@ def test_the_torch_baseline_computes_the_same_model_the_references_way():
     assert torch.equal(ours, theirs)
     theirs.sum().backward()
     torch.testing.assert_close(grads, [emb.grad, *(p.grad for p in model.parameters())])
+
+
+def test_bench_dlrm_runs_every_other_round_in_reverse_after_a_warm_up_round():
+    """No case always runs after the same one (the traced step beside the untraced one, in
+    both orders), and the warm-up round is not counted."""
+    order = []
+
+    def case(name):
+        def run(steps):
+            order.append(name)
+            return steps * (len(order) + 0.5)  # seconds: the call's place, half a step on
+        return run
+
+    cases = {name: case(name) for name in ("a", "a traced", "b")}
+    times = _rounds(cases, rounds=2, steps=4)
+    assert order == ["b", "a traced", "a", "a", "a traced", "b", "b", "a traced", "a"]
+    assert times == {"a": [4.5, 9.5], "a traced": [5.5, 8.5], "b": [6.5, 7.5]}
