@@ -502,15 +502,14 @@ def choose_exchange(matrix: Matrix, layout: Layout, params: CostParams,
 
 
 def _chosen(matrix: Matrix, group: Group, algorithm: str) -> Exchange:
-    """:func:`choose_exchange`, for ``auto`` remembered per size class (each maximum's power
-    of two) in ``group.plans``: pricing the exchanges costs about as much as a small exchange
-    itself. Every rank sees the same matrices in the same order, so all remember alike."""
+    """:func:`choose_exchange`; for ``auto`` remembered per size class (each maximum's power
+    of two) in ``group.exchanges``, which :func:`alltoallv` reads first: pricing the
+    exchanges costs about as much as a small exchange itself. Every rank sees the same
+    matrices in the same order, so all remember alike."""
     if algorithm != "auto":
         return choose_exchange(matrix, group.layout, group.params, algorithm)
-    key = ("alltoallv", matrix.info.item(5))
-    chosen = group.plans.get(key)
-    if chosen is None:
-        chosen = group.plans[key] = choose_exchange(matrix, group.layout, group.params)
+    chosen = group.exchanges[matrix.info.item(5)] = choose_exchange(matrix, group.layout,
+                                                                   group.params)
     return chosen
 
 
@@ -563,10 +562,10 @@ def alltoallv(send: np.ndarray, counts: np.ndarray, *, comm: Group, algorithm: s
     group = comm
     if not isinstance(send, np.ndarray) or not send.flags.c_contiguous:
         send = np.ascontiguousarray(send)
-    counts = np.asarray(counts, np.int64)
     p = group.size
     given = matrix is not None
     if not given:  # checked before any message; a given matrix's row in its pass below
+        counts = np.asarray(counts, np.int64)
         if counts.ndim != 1 or not _counts_fit(counts, p, len(send)):
             _bad_counts(counts, len(send), group)
         matrix = exchange_counts(counts, group)[0]
@@ -582,11 +581,15 @@ def alltoallv(send: np.ndarray, counts: np.ndarray, *, comm: Group, algorithm: s
     if p == 1:
         out[:] = send
         return out, recv
-    _chosen(m, group, algorithm).run(send, out, m, group)
+    exchange = group.exchanges.get(info.item(5)) if algorithm == "auto" else None
+    if exchange is None:
+        exchange = _chosen(m, group, algorithm)
+    exchange.run(send, out, m, group)
     return out, recv
 
 
 def _bad_counts(counts: np.ndarray, rows: int, group: Group) -> None:
+    counts = np.asarray(counts)
     raise CommError(f"alltoallv: rank {group.rank} passed {counts.size} counts summing to "
                     f"{counts.sum()} for {rows} rows; need {group.size} non-negative counts "
                     f"summing to the rows")

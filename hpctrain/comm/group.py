@@ -98,6 +98,7 @@ class Group:
         self.link = Channel.over(self.comm, label, network, patience)
         self.cross_link = Channel.over(self.cross, label, network, patience)
         self.plans: dict[tuple[Any, ...], Any] = {}  # distinct requests -> algorithm
+        self.exchanges: dict[int, Any] = {}  # alltoallv size class -> auto's exchange
         self.calls: dict[tuple[Any, ...], Any] = {}  # recent buffers -> prepared call
         self._arena: Window | None = None
         self._residents: list[Resident] = []
