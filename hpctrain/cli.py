@@ -249,7 +249,7 @@ def _experiment_args(sub: argparse._SubParsersAction) -> None:
     sweep.add_argument("--task", nargs=3, metavar=("DIR", "RANKS", "INDEX"),
                        help="run task INDEX of DIR's RANKS-rank list (what array tasks call)")
     sweep.add_argument("--launcher", default="mpiexec", choices=("mpiexec", "srun"),
-                       help="how --task starts its ranks (default mpiexec)")
+                       help="how --run and --task start their ranks (default mpiexec)")
 
 
 def _sweep(args: argparse.Namespace) -> int:
@@ -262,7 +262,8 @@ def _sweep(args: argparse.Namespace) -> int:
         print(f"hpctrain sweep: {task.name} ({task.values}): {did}", flush=True)
         return 1 if did.startswith("failed") else 0
     if args.run:
-        return 1 if sweep.run_all(args.run, lambda line: print(line, flush=True)) else 0
+        return 1 if sweep.run_all(args.run, args.launcher,
+                                  lambda line: print(line, flush=True)) else 0
     if not (args.sweep_file and args.out):
         raise ConfigError("hpctrain sweep: give SWEEP.toml --out DIR, --run DIR or --task")
     tasks = sweep.write_sweep(args.sweep_file, args.out)

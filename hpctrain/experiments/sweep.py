@@ -292,12 +292,12 @@ def task_of(out: str, ranks: int, index: int) -> Task:
     return read_tasks(out)[int(lines[index].split()[0])]
 
 
-def run_all(out: str, echo=print) -> int:
+def run_all(out: str, launcher: str = "mpiexec", echo=print) -> int:
     """Run every task here in task order; returns how many failed."""
     tasks = read_tasks(out)
     failed = 0
     for task in tasks:
-        did = run_task(task)
+        did = run_task(task, launcher)
         failed += did.startswith("failed")
         echo(f"[{task.index + 1}/{len(tasks)}] {task.name} "
              f"({', '.join(f'{k}={v}' for k, v in task.values.items())}): {did}")

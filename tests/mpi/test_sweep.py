@@ -142,10 +142,11 @@ def test_slurm_array_task_runs_its_point_then_run_and_report_finish_the_sweep(tm
                            capture_output=True, text=True, timeout=240)
     assert first.returncode == 0, first.stdout + first.stderr
     (stopped / "summary.json").unlink()
-    local = subprocess.run([sys.executable, "-m", "hpctrain.cli", "sweep", "--run", str(out)],
-                           env=child_env(), cwd=ROOT, capture_output=True, text=True,
-                           timeout=400)
+    local = subprocess.run([sys.executable, "-m", "hpctrain.cli", "sweep", "--run", str(out),
+                            "--launcher", "srun"], env=dict(child_env(), PATH=env["PATH"]),
+                           cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert local.returncode == 0, local.stdout + local.stderr
+    assert local.stdout.count("srun-stand-in -n 1") == 3  # the runs not finished already
     assert f"{tasks[1]['name']} (train.lr=0.1, world.ranks=1): finished already" in \
         local.stdout
     assert local.stdout.count(": trained") == 2
