@@ -69,7 +69,9 @@ def option(default: Any, help: str, *, choices: Sequence[Any] | None = None,
 @dataclass(frozen=True)
 class RuntimeConfig:
     threads: int = option(0, "torch intra-op threads per rank; 0: the rank's cores (its "
-                             "affinity mask), divided among the node's ranks that share them",
+                             "affinity mask), divided among the node's ranks that share them; "
+                             "on a parameter-server rank, the threads that share each big "
+                             "request's row passes (see README's Parameter server)",
                           min=0)
     device: str = option("auto", "dense compute device; auto takes CUDA (device = local rank) "
                                  "when available", choices=("auto", "cpu", "cuda"))

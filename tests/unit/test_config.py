@@ -3,6 +3,7 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain.cli import main
 from hpctrain.config import JobConfig, doc_table, dump_toml, load_config
 from hpctrain.errors import ConfigError
 
@@ -112,6 +113,13 @@ def test_every_key_is_documented_in_readme():
             key = f"`{section.name}.{f.name}`"
             assert key in table
             assert key in readme, f"README.md does not document {key}"
+    # and the table README carries is the one `hpctrain config --doc` prints, row for row
+    assert table in readme, "README.md's configuration table differs from doc_table()"
+
+
+def test_config_doc_prints_the_table(capsys):
+    assert main(["config", "--doc"]) == 0
+    assert capsys.readouterr().out == doc_table()
 
 
 def test_default_job_file_matches_embedded_default():
