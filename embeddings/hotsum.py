@@ -30,6 +30,9 @@ on its own.
 
 from __future__ import annotations
 
+import time
+from typing import TYPE_CHECKING
+
 import numba
 import numpy as np
 import torch
@@ -40,6 +43,9 @@ from embeddings.hottier import HotTier
 from embeddings.optim import coalesce
 from hpctrain.runtime.waits import Wait, wait_all
 
+if TYPE_CHECKING:
+    from hpctrain.comm.emulate import Channel
+
 __all__ = ["HotRider", "EXACT_BELOW"]
 
 EXACT_BELOW = 1 << 24  # float32 holds every integer below this exactly
@@ -49,10 +55,13 @@ class HotRider:
     """This worker's hot-row gradients as the float32 tail of the dense reduction over the
     workers of ``comm``, applied to ``hot`` once summed."""
 
-    def __init__(self, hot: HotTier, capacity: int, comm: MPI.Comm, max_rows: int) -> None:
+    def __init__(self, hot: HotTier, capacity: int, comm: MPI.Comm, max_rows: int,
+                 link: Channel | None = None) -> None:
+        """``link``: a :class:`~hpctrain.comm.emulate.Channel` over ``comm``, which delays the
+        spilled records' ``Allgatherv`` under ``comm.emulate``."""
         if max_rows < 1:
             raise ValueError(f"max_rows must be >= 1, got {max_rows}")
-        self.hot, self.comm = hot, comm
+        self.hot, self.comm, self.link = hot, comm, link
         self.workers, self.rank = comm.Get_size(), comm.Get_rank()
         self.dim = hot.dim
         self.width = hot.dim + 1
@@ -115,8 +124,11 @@ class HotRider:
         when there are any."""
         everyone = np.empty((int(spilled.sum()), self.width), dtype=np.float32)
         if len(everyone):
+            started = time.perf_counter()
             wait_all([self.comm.Iallgatherv(self._spill, [everyone, spilled * self.width])],
                      Wait("allgather", self.comm))
+            if self.link is not None:
+                self.link.library(started, (1 - 1 / self.link.node_count) * everyone.nbytes)
             self.spills += 1
             self.spill_bytes += (len(everyone) - len(self._spill)) * self.width * 4
         return everyone

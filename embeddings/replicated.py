@@ -8,6 +8,8 @@ without a broadcast.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 from mpi4py import MPI
 
@@ -15,16 +17,23 @@ from embeddings.tables import LocalTables, pack_rows, unpack_rows
 from embeddings.types import EmbeddingStore, RowSink, RowSource
 from hpctrain.comm.native import allgatherv
 
+if TYPE_CHECKING:
+    from hpctrain.comm.emulate import Channel
+
 __all__ = ["ReplicatedTables"]
 
 
 class ReplicatedTables(EmbeddingStore):
-    """All rows on each rank of ``comm``; ``push`` is collective over ``comm``."""
+    """All rows on each rank of ``comm``; ``push`` is collective over ``comm``. ``link``, a
+    :class:`~hpctrain.comm.emulate.Channel` over ``comm``, delays the push's all-gather
+    under ``comm.emulate``."""
 
-    def __init__(self, tables: LocalTables, comm: MPI.Intracomm) -> None:
+    def __init__(self, tables: LocalTables, comm: MPI.Intracomm,
+                 link: Channel | None = None) -> None:
         self.tables = tables
         self.dim = tables.dim
         self.comm = comm
+        self.link = link
         self.bytes_sent = 0  # rows and gradients this worker sent to the others
 
     def pull(self, rows: np.ndarray) -> np.ndarray:
@@ -39,7 +48,7 @@ class ReplicatedTables(EmbeddingStore):
             return
         packed = pack_rows(rows, grads)
         self.bytes_sent += (self.comm.Get_size() - 1) * packed.nbytes
-        self.tables.push(*unpack_rows(allgatherv(packed, self.comm)), lr)
+        self.tables.push(*unpack_rows(allgatherv(packed, self.comm, link=self.link)), lr)
 
     def save(self, out: RowSink) -> None:
         """Worker 0 writes every row (the replicas are identical)."""
@@ -48,3 +57,7 @@ class ReplicatedTables(EmbeddingStore):
 
     def restore(self, source: RowSource) -> None:
         self.tables.restore(source)
+
+    def close(self) -> None:
+        if self.link is not None:
+            self.link.close()

@@ -156,7 +156,8 @@ class TieredStore(EmbeddingStore):
         self.staleness = staleness
         self.hot = HotTier(layout.dim, optimizer, device)
         self.base = HotTier(layout.dim, optimizer, device) if staleness != 0 else None
-        self.rider = HotRider(self.hot, capacity, self.comm, carry_rows) if carry_rows else None
+        self.rider = HotRider(self.hot, capacity, self.comm, carry_rows, group.link) \
+            if carry_rows else None
         tracker = FrequencyTracker(layout.sizes, config.exact_below, config.sketch_width,
                                    config.sketch_depth, capacity)
         self.planner = HotSetPlanner(tracker, capacity, config.policy, config.admission,
@@ -185,6 +186,7 @@ class TieredStore(EmbeddingStore):
         # planning thread's collectives never interleave with the step's on ``comm``.
         self._plan_comm = self.comm.Dup()
         self._plan_comm.Set_name(f"{self.comm.Get_name()}.retier")  # the watchdog's name
+        self._plan_link = group.link.beside(self._plan_comm)
         self._planning = ThreadPoolExecutor(1, thread_name_prefix=RETIER_THREAD) \
             if background and MPI.Query_thread() == MPI.THREAD_MULTIPLE else None
         self.stats.planned_in_background = self._planning is not None
@@ -342,6 +344,7 @@ class TieredStore(EmbeddingStore):
         self.cold.close()
         if self._planning is not None:
             self._planning.shutdown()
+        self._plan_link.close()
         self._plan_comm.Free()
 
     @property
@@ -463,8 +466,10 @@ class TieredStore(EmbeddingStore):
         # One message per worker: each slot and its gradient as one line of int32 words.
         packed = pack_rows(slots, grads)
         everyone = np.empty((total, self.dim + 2), dtype=np.int32)
+        started = time.perf_counter()
         wait_all([self.comm.Iallgatherv(packed, [everyone, counts * (self.dim + 2)])],
                  Wait("allgather", self.comm))
+        self.group.link.library(started, (1 - 1 / self.group.link.node_count) * everyone.nbytes)
         self.stats.sparse_syncs += 1
         self.stats.sync_bytes += (total - len(slots)) * (self.dim + 2) * 4
         into.apply(*coalesce(*unpack_rows(everyone)), lr)
@@ -515,7 +520,7 @@ class TieredStore(EmbeddingStore):
             rows, counts, last = _NO_ROWS, np.empty(0, np.float32), _NO_ROWS
         del seen[:]  # the observations go as soon as they are merged
         mine = np.stack([rows, counts.astype(np.int64), last], axis=1)
-        everyone = allgatherv(mine, self._plan_comm, yielding=True)
+        everyone = allgatherv(mine, self._plan_comm, yielding=True, link=self._plan_link)
         self.stats.count_bytes += (len(everyone) - len(mine)) * mine.itemsize * 3
         rows, counts, last = merge_seen(everyone[:, 0], everyone[:, 1], everyone[:, 2])
         self.planner.record(rows, counts, last)

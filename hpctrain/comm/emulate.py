@@ -193,6 +193,12 @@ class Channel:
             return cls(comm, [node] * comm.Get_size(), None, yield_s)
         return cls(comm, comm.allgather(node), net, yield_s)
 
+    def beside(self, comm: MPI.Intracomm) -> Channel:
+        """A channel over ``comm``, a communicator of the same ranks in the same order, with
+        this one's nodes and network (collective over ``comm`` when emulating): for MPI
+        calls a component makes on a communicator of its own (:meth:`library`)."""
+        return Channel(comm, self.nodes, self.net, self.yield_s)
+
     @property
     def emulating(self) -> bool:
         return self.net is not None

@@ -23,6 +23,7 @@ from hpctrain.runtime.waiting import watching
 from hpctrain.runtime.waits import Wait, wait_all
 
 if TYPE_CHECKING:
+    from hpctrain.comm.emulate import Channel
     from hpctrain.comm.group import Group
 
 __all__ = ["Native", "NATIVE", "allgatherv", "gatherv", "scatterv", "library_cost"]
@@ -30,7 +31,8 @@ __all__ = ["Native", "NATIVE", "allgatherv", "gatherv", "scatterv", "library_cos
 MPI_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
 
 
-def allgatherv(part: np.ndarray, comm: MPI.Intracomm, yielding: bool = False) -> np.ndarray:
+def allgatherv(part: np.ndarray, comm: MPI.Intracomm, yielding: bool = False,
+               link: Channel | None = None) -> np.ndarray:
     """Concatenation, in rank order, of every rank's ``part`` (same dtype and trailing
     shape on all ranks, any leading length): ``MPI_Allgather`` of the lengths, then
     ``MPI_Allgatherv``. (The in-place ``allgather`` of :mod:`hpctrain.comm` fills equal
@@ -38,10 +40,20 @@ def allgatherv(part: np.ndarray, comm: MPI.Intracomm, yielding: bool = False) ->
 
     ``yielding``: their non-blocking forms completed by
     :func:`~hpctrain.runtime.waits.wait_all`, which sleeps between polls: for a background
-    thread, whose spinning wait would take the core its own main thread computes on."""
+    thread, whose spinning wait would take the core its own main thread computes on.
+    ``link`` (a :class:`~hpctrain.comm.emulate.Channel` over ``comm``): under
+    ``comm.emulate``, the call then waits out the emulated network
+    (:meth:`~hpctrain.comm.emulate.Channel.library`)."""
     if comm.Get_size() == 1:
         return part
-    part = np.ascontiguousarray(part)
+    started = time.perf_counter()
+    out = _allgatherv(np.ascontiguousarray(part), comm, yielding)
+    if link is not None:
+        link.library(started, _VOLUME["allgather"](link.node_count) * out.nbytes)
+    return out
+
+
+def _allgatherv(part: np.ndarray, comm: MPI.Intracomm, yielding: bool) -> np.ndarray:
     row = int(np.prod(part.shape[1:], dtype=np.int64))
     counts = np.empty(comm.Get_size(), dtype=np.int64)
     length = np.array([part.shape[0]], dtype=np.int64)

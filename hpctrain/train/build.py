@@ -126,7 +126,8 @@ def build_worker(config: JobConfig, topo: Topology, dataset: Dataset, layout: Ta
         plan_json = _alltoall_plan(config, layout, group)
         store = ShardedTables(layout, WorkerPlan.from_json(plan_json), sparse, tc.seed, group)
     elif job is None:
-        store = ReplicatedTables(LocalTables(layout, sparse, tc.seed), comm)
+        store = ReplicatedTables(LocalTables(layout, sparse, tc.seed), comm,
+                                 group.link.beside(comm))
     else:
         client = job.client(models, sparse.state_width(layout.dim))
         carry = not full and not local_period(config.sync.dense) and tc.zero < 2 and \
@@ -215,7 +216,8 @@ def _grid_worker(config: JobConfig, topo: Topology, layout: TableLayout,
     engine = GridDense(config, topo, groups, layout, guard)
     tc = config.train
     store = (ReplicatedTables(LocalTables(layout, sparse_optimizer(tc), seed=tc.seed),
-                              groups.data) if engine.stage == 0 else NoTables(layout.dim))
+                              groups.data, groups.data_group.link.beside(groups.data))
+             if engine.stage == 0 else NoTables(layout.dim))
     if manifest is not None:
         _restore(engine, store, manifest)
     return WorkerParts(engine, store, EmbeddingCollection(layout, store, topo.device), guard,

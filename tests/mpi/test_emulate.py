@@ -16,8 +16,12 @@ import pytest
 from harness import run_mpi
 from mpi4py import MPI
 
+from embeddings.optim import SparseOptimizer
+from embeddings.replicated import ReplicatedTables
+from embeddings.tables import LocalTables, TableLayout
 from hpctrain.comm import Group, allreduce, emulate
 from hpctrain.comm.alltoall import alltoallv
+from hpctrain.comm.native import allgatherv
 from hpctrain.config import CommConfig, load_config
 from hpctrain.runtime.waits import Wait
 from hpctrain.runtime.world import build_topology
@@ -102,6 +106,28 @@ def test_ping_pong_and_allreduce_are_delayed_by_latency_plus_bytes_over_bandwidt
         assert 0.9 <= ratio(extra, expected) <= 1.1, (algorithm, extra, expected)
     for group in (plain, emulated):
         group.free()
+
+
+@pytest.mark.mpi(ranks=(2,))
+def test_the_stores_own_mpi_calls_wait_out_the_emulated_network():
+    """An MPI library call on a component's own communicator (the replicated store's push,
+    the tiered store's count merges and hot sums) waits, through a channel beside the
+    group's, latency * ceil(log2 2) + the half of the gathered bytes each node receives."""
+    emulated = Group(WORLD, CommConfig(node_size=1, emulate=EMULATE))
+    comm = WORLD.Dup()
+    link = emulated.link.beside(comm)
+    part = np.zeros(NBYTES // 4, np.float32)  # gathered: 2 x NBYTES
+    extra = extra_time(lambda: allgatherv(part, comm, link=link), lambda: allgatherv(part, comm))
+    assert 0.9 <= ratio(extra, delay(NBYTES)) <= 1.1, (extra, delay(NBYTES))
+    layout = TableLayout.from_sizes([64], 4)
+    store = ReplicatedTables(LocalTables(layout, SparseOptimizer("sgd"), 0), comm, link)
+    before = emulate.totals()
+    store.push(np.arange(8, dtype=np.int64), np.ones((8, 4), np.float32), 0.1)
+    got = emulate.totals() - before
+    assert got.messages == 1 and got.bytes > 0 and got.emulated_s > 0, got
+    store.close()
+    comm.Free()
+    emulated.free()
 
 
 @pytest.mark.mpi(ranks=(3,))
