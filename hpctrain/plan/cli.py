@@ -89,7 +89,7 @@ def main(argv: Sequence[str]) -> int:
             return run_guarded(lambda: run_validate(args))
         return _plan(args)
     except HpctrainError as exc:
-        print(f"hpctrain plan: error: {exc}", file=sys.stderr, flush=True)
+        print(f"hpctrain: error: {exc}", file=sys.stderr, flush=True)
         return USER_ERROR
 
 

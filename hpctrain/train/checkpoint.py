@@ -5,12 +5,14 @@ Layout of ``RUN_DIR/checkpoints/step-00000200/``:
 - ``dense.h5`` (worker 0): the dense parameters (``param/<i>``), the dense optimizer state
   (``optim/<i>``) and torch's RNG state; with tensor/pipeline parallelism one
   ``dense-stage<p>-tensor<t>.h5`` per stage and tensor shard instead (its first replica's);
-- ``tables.h5`` (worker 0, replicated tables) or ``shard-<s>.h5`` (server ``s``): row files.
+- ``tables.h5`` (worker 0, replicated tables), ``shard-<s>.h5`` (server ``s``) or
+  ``shard-w<w>.h5`` (worker ``w``, all-to-all sharded tables): row files.
   Each holds ``rows`` (int64 global row ids), ``weight`` (float32 [n, dim]) and ``state``
   (float32 [n, optimizer state width]); any holder can load any file, so a checkpoint restores
   onto another number of workers or servers (rows are re-partitioned by the new plan);
 - ``dense-table-<s>.h5`` (server ``s``, full mode): the dense table's rows in the same form,
-  their ``state`` the per-value optimizer's (as wide as the rows);
+  their ``state`` the per-value optimizer's (``SparseOptimizer.state_width``: twice as wide
+  as the rows for per-value Adagrad, an accumulator and a round sum per value);
 - ``manifest.h5``: format and version, step, the resolved config (TOML), the sharding plan,
   roles, clocks, every file's size and SHA-256. World rank 0 writes it last.
 
