@@ -50,7 +50,8 @@ def tiered_rounds(topo, layout, servers, capacity, examples, kind="sgd", stalene
                   tiering=CHURN, background=True):
     """Hypothesis rounds through a tiered store over fresh servers, against a local replica
     that applies every round's summed gradients. A pull must equal the replica as it was
-    ``L <= staleness`` rounds ago plus this worker's own updates since (SGD); at the end the
+    ``L <= staleness`` rounds ago (ASP, ``staleness=None``: the refresh period
+    ``tiering.interval`` less one) plus this worker's own updates since (SGD); at the end the
     servers hold every row, optimizer state included, exactly as the replica. With adagrad
     each row is touched by one worker per round (the servers apply each worker's push on
     its own, which only SGD makes equal to applying the sum). Returns the store, or None on
@@ -70,6 +71,7 @@ def tiered_rounds(topo, layout, servers, capacity, examples, kind="sgd", stalene
     history = [reference.weight.astype(np.float64)]  # the replica after each round
     own = [np.zeros_like(history[0])]  # the changes of this worker's own SGD updates, cumulative
     lagged = [0]
+    bound = tiering.interval - 1 if staleness is None else staleness
 
     def rows_of(batches, worker):
         rows = np.array(batches[worker % len(batches)], dtype=np.int64)
@@ -85,13 +87,13 @@ def tiered_rounds(topo, layout, servers, capacity, examples, kind="sgd", stalene
         store.observe(unique, counts)
         pulled = store.pull(unique).astype(np.float64)
         ok = np.zeros(len(unique), dtype=bool)
-        for lag in range(0, min(staleness, t) + 1):
+        for lag in range(0, min(bound, t) + 1):
             expected = history[t - lag] + (own[t] - own[t - lag])
             match = np.isclose(pulled, expected[unique], rtol=1e-5, atol=1e-6).all(axis=1)
             if lag == 0:
                 lagged[0] += int((~match).sum())
             ok |= match
-        assert ok.all(), f"round {t}: rows {unique[~ok]} are staler than {staleness} steps"
+        assert ok.all(), f"round {t}: rows {unique[~ok]} are staler than {bound} steps"
         topo.role_comm.Barrier()  # as the trainer's dense allreduce does
         store.push(mine, gradient(t, me, mine), lr)
         everyone = [rows_of(batches, w) for w in range(workers)]
@@ -125,7 +127,7 @@ def tiered_rounds(topo, layout, servers, capacity, examples, kind="sgd", stalene
         assert not kept and stats.hit_rate == 1.0 and stats.lookups > 0, stats
         assert topo.role_comm.Get_rank() != 0 or stats.oracle_hit_rate == 1.0, stats
     assert len(store.hot) <= capacity and stats.resident_bytes <= stats.budget_bytes
-    assert (topo.role_comm.allreduce(lagged[0]) > 0) == (staleness > 0), "stale reads?"
+    assert (topo.role_comm.allreduce(lagged[0]) > 0) == (bound > 0), "stale reads?"
     client.close()
     return store
 
@@ -136,7 +138,8 @@ def test_no_update_lost_or_doubled_through_promotions_and_demotions(mpi_ranks):
     with a small hot tier (gradients summed by allreduce) and a larger one (Allgatherv),
     adagrad (state moves with the rows), SGD under a staleness bound of 2 (SSP: a replica
     lags at most 2 steps, then is refreshed; 31 rounds end between refreshes, so the
-    consistent read must refresh first), and every row hot."""
+    consistent read must refresh first), under ASP (refreshed every ``tiering.interval``
+    steps, so at most 3 behind at 4), and every row hot."""
     servers = mpi_ranks - 2
     topo = build_topology(load_config(overrides=[f"ps.servers={servers}"]))
     layout = TableLayout.from_sizes(SIZES, DIM)
@@ -149,6 +152,8 @@ def test_no_update_lost_or_doubled_through_promotions_and_demotions(mpi_ranks):
     tiered_rounds(topo, layout, servers, capacity=20, examples=20, kind="adagrad")
     tiered_rounds(topo, layout, servers, capacity=20, examples=31, staleness=2,
                   tiering=dataclasses.replace(CHURN, interval=7))
+    tiered_rounds(topo, layout, servers, capacity=20, examples=19, staleness=None,
+                  tiering=dataclasses.replace(CHURN, interval=4))
     tiered_rounds(topo, layout, servers, capacity=layout.total_rows, examples=8)
     if topo.is_worker:
         assert small.stats.dense_syncs > 0 and large.stats.sparse_syncs > 0

@@ -183,3 +183,20 @@ def test_servers_sum_a_steps_pushes_in_full_mode_under_staleness_0(overrides, su
 def test_a_pipeline_wire_without_a_pipeline_is_one_line():
     with pytest.raises(ConfigError, match="parallel.wire_dtype = 'bf16' .* parallel.pp = 1"):
         load_config(overrides=["parallel.wire_dtype='bf16'"], env={})
+
+
+@pytest.mark.parametrize("overrides, words", [
+    (["train.zero=1", "sync.dense='local:4'"],
+     ["train.zero = 1", "gradient reductions", "not with sync.dense = local:H"]),
+    (["train.zero=2", "train.optimizer='lars'"],
+     ["train.zero = 2", "whole-layer norms", "not built for lars"]),
+])
+def test_zero_with_local_sgd_or_lars_is_one_line(overrides, words):
+    """ZeRO shards the dense update over gradient reductions, which local SGD does not run,
+    and LARS needs whole-layer norms, which a shard does not hold: both are refused with one
+    line, naming why (the other ZeRO refusals are in tests/unit/test_dense_optim.py)."""
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=overrides, env={})
+    assert "\n" not in str(info.value)
+    for word in words:
+        assert word in str(info.value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 
@@ -149,18 +150,27 @@ def test_malformed_line_names_file_line_and_field(tmp_path, bad, what):
     assert str(err.value).startswith(f"{path}:6: ") and what in str(err.value)
 
 
-def test_skip_mode_drops_and_counts_once(tmp_path):
+def test_skip_mode_drops_and_counts_once(tmp_path, caplog):
+    """Skipped lines leave their batch and are counted once; the first is a warning naming
+    file, line and fault, the others (and re-reads) do not flood the log."""
     lines = list(LINES[:10])
     lines[2], lines[5], lines[9] = b"junk", _with_field(0, b"x"), _with_field(20, b"g")
     path = write(tmp_path / "bad.txt", lines)
     data = CriteoText([path], SIZES, eval_fraction=0, on_bad_line="skip")
-    batch = data.read("train", 0, 10)
-    assert len(batch) == 7 and data.skipped == 3
-    good = [line for i, line in enumerate(lines) if i not in (2, 5, 9)]
-    np.testing.assert_array_equal(batch.sparse, reference(good)[1])
-    data.read("train", 0, 10)
-    data.read("train", 5, 6)
+    with caplog.at_level(logging.DEBUG, logger="hpctrain.data.criteo"):
+        batch = data.read("train", 0, 10)
+        assert len(batch) == 7 and data.skipped == 3
+        good = [line for i, line in enumerate(lines) if i not in (2, 5, 9)]
+        np.testing.assert_array_equal(batch.sparse, reference(good)[1])
+        data.read("train", 0, 10)
+        data.read("train", 5, 6)
     assert data.skipped == 3  # each line counted once, however often it is read
+    logged = [(r.levelno, r.getMessage()) for r in caplog.records
+              if r.name == "hpctrain.data.criteo"]
+    assert logged[0] == (logging.WARNING, f"skipping malformed line {path}:3: got 1 "
+                         f"tab-separated fields; expected 40 (label, I1..I13, C1..C26)")
+    assert [level for level, _ in logged] == [logging.WARNING, logging.DEBUG, logging.DEBUG]
+    assert logged[1][1].startswith(f"skipping malformed line {path}:6: label: ")
 
 
 @pytest.mark.parametrize(("body", "what"), [(b"", "empty file"), (b"\n\n", "no complete line")])

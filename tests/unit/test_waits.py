@@ -8,6 +8,7 @@ import numpy as np
 from mpi4py import MPI
 
 from hpctrain.runtime import waiting as board
+from hpctrain.runtime import watchdog
 from hpctrain.runtime.waits import Wait, wait_all, waited_s, waiting
 
 
@@ -61,3 +62,37 @@ def test_the_main_comm_and_retiering_threads_publish_their_waits_side_by_side():
     assert ops == ["push", "allreduce", "allgather"]
     assert [int(s[0]) for s in published] == [1, 1, 1]
     assert [board.OPS[s[1]] for s in published] == ops
+
+
+def test_a_wait_on_computing_peers_gets_four_times_the_abort_limit(monkeypatch):
+    """Past ``watchdog_abort_s`` a wait whose missing peers are all alive and computing (a
+    first step's compilation) is let run to four times the limit; one whose peers wait
+    elsewhere or have stopped is ended at the limit. The board's read of the peers is
+    replaced by the verdict under test, and the abort by a note."""
+    assert watchdog.COMPUTING_FACTOR == 4
+    dog = watchdog.Board.__new__(watchdog.Board)  # no window: nothing here reads peers
+    dog.warn_s, dog.abort_s = 0.0, 2.0
+    verdict, aborted = [False, False], []  # dead, computing
+    monkeypatch.setattr(dog, "stalled", lambda wait, waited: ("msg", *verdict))
+    monkeypatch.setattr(dog, "abort", aborted.append)
+
+    def ends(waited: float, dead: bool, computing: bool, idle: bool = False) -> bool:
+        verdict[:] = [dead, computing]
+        aborted.clear()
+        with board.watching("allreduce", MPI.COMM_SELF, idle=idle) as wait:
+            wait.start, wait.looked = time.monotonic() - waited, 0.0
+            dog.check()
+        return aborted == ["msg"]
+
+    board.attach(np.zeros(board.FIELDS, dtype=np.int64))
+    try:
+        assert not ends(1.9, dead=False, computing=False)  # within the limit
+        assert ends(2.1, dead=False, computing=False)  # a peer waiting in another call
+        assert ends(2.1, dead=True, computing=False)  # a peer stopped
+        assert not ends(2.1, dead=False, computing=True)
+        assert not ends(7.9, dead=False, computing=True)
+        assert ends(8.1, dead=False, computing=True)
+        assert not ends(100.0, dead=False, computing=True, idle=True)  # a server's wait
+        assert ends(2.1, dead=True, computing=False, idle=True)
+    finally:
+        board.attach(None)
