@@ -11,6 +11,7 @@ from pathlib import Path
 
 import h5py
 import numpy as np
+import pytest
 from harness import child_env, mpiexec, run_mpi
 
 from hpctrain.train import checkpoint as ckpt
@@ -224,9 +225,13 @@ def test_a_run_directory_belongs_to_one_run(tmp_path):
     assert after == before
 
 
-def test_sigusr1_stops_with_a_checkpoint_and_the_resumed_run_is_bitwise_equal(tmp_path):
-    """SIGUSR1 to every rank mid-run: the workers agree on a step, checkpoint it and exit
-    with 75; the resumed run ends with the parameters of an uninterrupted one."""
+@pytest.mark.parametrize("signum, ranks", [(signal.SIGUSR1, 2), (signal.SIGTERM, 3)])
+def test_a_signal_stops_with_a_checkpoint_and_the_resumed_run_is_bitwise_equal(tmp_path,
+                                                                               signum, ranks):
+    """SIGUSR1 (replicated tables, 2 workers) or SIGTERM (a server and 2 workers: the server
+    outlives it until the workers' checkpoint is written) to every rank mid-run: the workers
+    agree on a step, checkpoint it and every rank exits with 75; the resumed run ends with
+    the parameters of an uninterrupted one."""
     import re
 
     from harness import rank_pids
@@ -235,10 +240,11 @@ def test_sigusr1_stops_with_a_checkpoint_and_the_resumed_run_is_bitwise_equal(tm
 
     steps = 60
     longer = ["--set", f"train.steps={steps}", "--set", "train.log_every=1"]
-    train(tmp_path / "whole", 2, *longer)
+    train(tmp_path / "whole", ranks, *longer)
     run_dir = tmp_path / "cut"
-    proc = subprocess.Popen([mpiexec(), "-n", "2", *HPCTRAIN, *JOB, *longer, "--set",
-                             f"train.run_dir={str(run_dir)!r}"], env=child_env(),
+    proc = subprocess.Popen([mpiexec(), "-n", str(ranks), *HPCTRAIN, *JOB, *servers(ranks - 2),
+                             *longer, "--set", f"train.run_dir={str(run_dir)!r}"],
+                            env=child_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
@@ -247,8 +253,10 @@ def test_sigusr1_stops_with_a_checkpoint_and_the_resumed_run_is_bitwise_equal(tm
         while time.monotonic() < deadline and proc.poll() is None and (
                 not metrics.exists() or len(metrics.read_text().splitlines()) < 5):
             time.sleep(0.05)
-        for pid in rank_pids(proc.pid).values():
-            os.kill(pid, signal.SIGUSR1)
+        pids = rank_pids(proc.pid)
+        assert len(pids) == ranks
+        for pid in pids.values():
+            os.kill(pid, signum)
         out, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
@@ -261,7 +269,7 @@ def test_sigusr1_stops_with_a_checkpoint_and_the_resumed_run_is_bitwise_equal(tm
     assert "not run (stopped before the last step" in out, out
     assert "eval_log_loss" not in (run_dir / "metrics.jsonl").read_text()
     assert not (run_dir / "summary.json").exists()  # not finished: a sweep resumes it
-    resume(run_dir, 2)
+    resume(run_dir, ranks)
     assert_identical(final_state(run_dir, steps), final_state(tmp_path / "whole", steps))
 
 
