@@ -37,7 +37,7 @@ from hpctrain.runtime.torchdist import Rendezvous
 from hpctrain.runtime.waiting import watching
 
 __all__ = ["Topology", "GridComms", "build_topology", "build_grid", "available_cores",
-           "emulation_notes"]
+           "emulation_notes", "check_emulation_fits"]
 
 WORKER, SERVER = "worker", "server"
 AXES = ("tensor", "pipeline", "data")
@@ -177,6 +177,15 @@ def available_cores() -> int:
     return len(affinity())
 
 
+def check_emulation_fits(emulate: str, node_ranks: int, ranks: int) -> None:
+    """``comm.emulate`` needs every rank on one machine (``node_ranks``, the ranks sharing
+    this rank's memory, are all ``ranks``)."""
+    if emulate and node_ranks != ranks:
+        raise ConfigError(f"comm.emulate = {emulate!r} compares send and arrival times on one "
+                          f"clock, so every rank must run on one machine; this job spans real "
+                          f"nodes of {node_ranks} of its {ranks} ranks")
+
+
 def build_topology(config: JobConfig, base: MPI.Intracomm | None = None) -> Topology:
     """Build the job's communicators and placement; collective over ``base``
     (``MPI.COMM_WORLD`` unless a test hands in another world, such as ``COMM_SELF``).
@@ -194,11 +203,7 @@ def build_topology(config: JobConfig, base: MPI.Intracomm | None = None) -> Topo
     rank = world.Get_rank()
     node = world.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
     node.Set_name("hpctrain.node")
-    if config.comm.emulate and node.Get_size() != world.Get_size():
-        raise ConfigError(f"comm.emulate = {config.comm.emulate!r} compares send and arrival "
-                          f"times on one clock, so every rank must run on one machine; this "
-                          f"job spans real nodes of {node.Get_size()} of its "
-                          f"{world.Get_size()} ranks")
+    check_emulation_fits(config.comm.emulate, node.Get_size(), world.Get_size())
     role_comm = world.Split(1 if roles.is_server(rank) else 0, key=rank)
     role_comm.Set_name("hpctrain.servers" if roles.is_server(rank) else "hpctrain.workers")
     rc = config.runtime

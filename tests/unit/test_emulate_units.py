@@ -6,7 +6,7 @@ from hpctrain.comm.emulate import NetStats, network, ps_nodes
 from hpctrain.config import CommConfig, load_config
 from hpctrain.errors import ConfigError
 from hpctrain.runtime.topology import assign_roles
-from hpctrain.runtime.world import emulation_notes
+from hpctrain.runtime.world import check_emulation_fits, emulation_notes
 
 
 def test_the_key_reads_microseconds_and_gigabits():
@@ -65,3 +65,14 @@ def test_a_job_where_nothing_would_be_delayed_is_warned_about():
     assert emulation_notes(tensor, assign_roles(2, 0), "mpi") == []
     [note] = emulation_notes(tensor, assign_roles(2, 0), "torch")
     assert "torch.distributed" in note
+
+
+def test_a_job_spanning_real_nodes_cannot_emulate_a_network():
+    """Send and arrival times are compared on one machine's clock."""
+    check_emulation_fits("20,10", 4, 4)
+    check_emulation_fits("", 2, 4)  # off: anything goes
+    with pytest.raises(ConfigError, match=r"^comm.emulate = '20,10' compares send and arrival "
+                                          r"times on one clock, so every rank must run on one "
+                                          r"machine; this job spans real nodes of 2 of its 4 "
+                                          r"ranks$"):
+        check_emulation_fits("20,10", 2, 4)
