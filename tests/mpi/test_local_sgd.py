@@ -39,3 +39,17 @@ def test_local_sgd_h1_is_bsp_and_h4_syncs_a_quarter(tmp_path):
         assert bsp.dense_syncs == one.dense_syncs == 8
         assert four.dense_syncs / bsp.dense_syncs == 0.25
         assert four.eval["log_loss"] == four.eval["log_loss"]  # trained and evaluated
+
+
+@pytest.mark.mpi(ranks=(2, 3), timeout=300)
+def test_all_to_all_tables_take_local_sgd_for_the_dense_layers(tmp_path):
+    """With the tables sharded over the workers, H = 1 is still BSP and H = 4 still syncs
+    the dense layers a quarter as often: the layout and the dense sync are independent."""
+    a2a = ('embeddings.mode="alltoall"', 'embeddings.sharding="row_wise"')
+    bsp_dense, bsp_tables, bsp = train(tmp_path, "bsp", *a2a)
+    one_dense, one_tables, _ = train(tmp_path, "local:1", *a2a)
+    np.testing.assert_allclose(one_dense, bsp_dense, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(one_tables, bsp_tables, rtol=1e-5, atol=1e-6)
+    _, _, four = train(tmp_path, "local:4", *a2a)
+    if WORLD.Get_rank() == 0:
+        assert four.dense_syncs / bsp.dense_syncs == 0.25
