@@ -121,13 +121,16 @@ TINY = ["--set", "data.train_samples=6000", "--set", "data.eval_samples=600",
 
 
 def test_compare_sync_writes_a_table_a_summary_and_a_plot(tmp_path):
-    result = run_mpi([*HPCTRAIN, "compare-sync", "--models", "bsp,ssp:1,asp", *TINY,
+    result = run_mpi([*HPCTRAIN, "compare-sync", "--models", "bsp,ssp:1,asp,local:4", *TINY,
                       "--repeats", "1", "--stragglers", "transient:0.2:2", "--out",
                       str(tmp_path)], ranks=3,
                      timeout=240)
     assert result.returncode == 0, result.stdout
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert [m["model"] for m in summary["models"]] == ["bsp", "ssp:1", "asp"]
+    assert [m["model"] for m in summary["models"]] == ["bsp", "ssp:1", "asp", "local:4"]
+    # local SGD beside them (in hybrid mode): a dense average every 4 steps and at the end
+    syncs = [m["dense_syncs"] for m in summary["models"]]
+    assert syncs[3] == -(-syncs[0] // 4), syncs
     # The default target is 1.01 x the first model's final loss, so bsp reaches it; each
     # model's time to target is its curve's first point at or below it, else "not reached".
     assert summary["models"][0]["time_to_target_s"] is not None
