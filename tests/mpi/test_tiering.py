@@ -5,6 +5,7 @@ import dataclasses
 import json
 import math
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,6 +26,7 @@ from hpctrain.comm import Group
 from hpctrain.config import TieringConfig, load_config
 from hpctrain.runtime.world import build_topology
 from hpctrain.sync.bsp import BSP
+from hpctrain.train import checkpoint as ckpt
 from hpctrain.train.job import run_training
 from hpctrain.train.trainer import Trainer
 from ps.service import PSJob
@@ -228,18 +230,31 @@ def test_hot_rows_beyond_a_workers_region_are_summed_after_the_reduction(mpi_ran
     assert rider.spills == (2 if workers > 2 else 1)  # with the NaN, only worker 1 of 3 spills
 
 
+def untiered(config, steps: int, run_dir: Path) -> Trainer:
+    """``config``'s job without servers or tiering, ``steps`` steps in this process alone."""
+    train = dataclasses.replace(config.train, steps=steps, run_dir=str(run_dir))
+    plain = dataclasses.replace(config, ps=config.ps.__class__(),
+                                tiering=config.tiering.__class__(), train=train)
+    reference = Trainer(plain, build_topology(plain, MPI.COMM_SELF))
+    reference.fit()
+    return reference
+
+
 @pytest.mark.mpi(ranks=(3, 4))
 def test_tiered_training_equals_untiered(mpi_ranks, tmp_path):
     """1 server and 2 or 3 workers, BSP, SGD, the hot set warm-started from a scan of the
     data, the hot gradients riding in the dense gradient reduction in either layout (a
     line per hot row at budget 0.1, per-worker records at 0.5; under ZeRO-2, whose
     reduce-scatter carries no tail, the store's own sum): the tiered run ends with the model
-    of the untiered one (which equals the single-process replicated run, see test_ps)."""
+    of the untiered one (which equals the single-process replicated run, see test_ps), and
+    its checkpoint of step 4 holds the untiered model of step 4: the hot rows are written
+    back before the servers save."""
     for budget, records, zero in ((0.1, False, 0), (0.5, True, 0), (0.1, None, 2)):
         config = load_config(overrides=[*TRAIN, "ps.servers=1", "train.optimizer='sgd'",
                                         "train.lr=0.3", f"tiering.budget={budget}",
                                         f"train.zero={zero}",
                                         f"comm.bucket_kib={1 if zero else 25600}",
+                                        "checkpoint.every_steps=4", "checkpoint.keep=5",
                                         f"train.run_dir={str(tmp_path / f'{budget}-{zero}')!r}"])
         topo = build_topology(config)
         read: dict[str, object] = {}
@@ -266,10 +281,14 @@ def test_tiered_training_equals_untiered(mpi_ranks, tmp_path):
         trainer, pulled, block = read["trainer"], read["pulled"], read["block"]
         first = summary.tiering[0]
         assert first.hit_rate > 0.3 and 0 < first.oracle_hit_rate <= 1
-        plain = dataclasses.replace(config, ps=config.ps.__class__(),
-                                    tiering=config.tiering.__class__())
-        reference = Trainer(plain, build_topology(plain, MPI.COMM_SELF))
-        reference.fit()
+        manifest = ckpt.read_manifest(ckpt.step_dir(config.train.run_dir, 4))
+        parts = list(ckpt.read_rows(Path(manifest.path), manifest.row_files()))
+        saved = np.concatenate([p[1] for p in parts])[np.argsort(
+            np.concatenate([p[0] for p in parts]))]
+        folder = tmp_path / f"untiered-{budget}-{zero}"
+        np.testing.assert_allclose(saved, untiered(config, 4, folder / "4").table_rows(),
+                                   rtol=2e-4, atol=2e-6)
+        reference = untiered(config, 9, folder / "9")
         tables = reference.table_rows()
         np.testing.assert_allclose(parameters(trainer), parameters(reference), rtol=2e-4,
                                    atol=2e-6)
