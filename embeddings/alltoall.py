@@ -46,6 +46,7 @@ from embeddings.worker_sharding import WorkerPlacement, WorkerPlan
 from hpctrain.comm.alltoall import alltoallv, exchange_counts
 from hpctrain.comm.bytecopy import copy_bytes
 from hpctrain.comm.group import Group
+from hpctrain.comm.native import emulated_wait
 from hpctrain.errors import EmbeddingError
 from hpctrain.runtime.topology import shard_range
 from hpctrain.runtime.waiting import watching
@@ -135,8 +136,7 @@ class ColumnTables:
         squares = np.square(grads).astype(np.float64).sum(axis=1)
         started = time.perf_counter()
         self.group.comm.Allreduce(MPI.IN_PLACE, squares, op=MPI.SUM)
-        link = self.group.link  # under comm.emulate: a bandwidth-optimal allreduce's time
-        link.library(started, 2 * (1 - 1 / link.node_count) * squares.nbytes)
+        emulated_wait(self.group.link, started, "allreduce", squares.nbytes)
         acc = (self.state[rows, 0].astype(np.float64) + squares / self.full_dim).astype(
             np.float32)
         self.state[rows, 0] = acc

@@ -41,6 +41,7 @@ from mpi4py import MPI
 from embeddings.collection import Lookup, lookup_rows
 from embeddings.hottier import HotTier
 from embeddings.optim import coalesce
+from hpctrain.comm.native import emulated_wait
 from hpctrain.runtime.waits import Wait, wait_all
 
 if TYPE_CHECKING:
@@ -128,7 +129,7 @@ class HotRider:
             wait_all([self.comm.Iallgatherv(self._spill, [everyone, spilled * self.width])],
                      Wait("allgather", self.comm))
             if self.link is not None:
-                self.link.library(started, (1 - 1 / self.link.node_count) * everyone.nbytes)
+                emulated_wait(self.link, started, "allgather", everyone.nbytes)
             self.spills += 1
             self.spill_bytes += (len(everyone) - len(self._spill)) * self.width * 4
         return everyone

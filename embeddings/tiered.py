@@ -72,7 +72,7 @@ from embeddings.optim import SparseOptimizer, coalesce
 from embeddings.tables import TableLayout, pack_rows, unpack_rows
 from embeddings.types import BackingStore, EmbeddingStore, RowSink, RowSource
 from hpctrain.comm import Group, allreduce
-from hpctrain.comm.native import allgatherv
+from hpctrain.comm.native import allgatherv, emulated_wait
 from hpctrain.config import TieringConfig
 from hpctrain.runtime import trace
 from hpctrain.runtime.env import release_free_memory
@@ -469,7 +469,7 @@ class TieredStore(EmbeddingStore):
         started = time.perf_counter()
         wait_all([self.comm.Iallgatherv(packed, [everyone, counts * (self.dim + 2)])],
                  Wait("allgather", self.comm))
-        self.group.link.library(started, (1 - 1 / self.group.link.node_count) * everyone.nbytes)
+        emulated_wait(self.group.link, started, "allgather", everyone.nbytes)
         self.stats.sparse_syncs += 1
         self.stats.sync_bytes += (total - len(slots)) * (self.dim + 2) * 4
         into.apply(*coalesce(*unpack_rows(everyone)), lr)

@@ -26,7 +26,8 @@ if TYPE_CHECKING:
     from hpctrain.comm.emulate import Channel
     from hpctrain.comm.group import Group
 
-__all__ = ["Native", "NATIVE", "allgatherv", "gatherv", "scatterv", "library_cost"]
+__all__ = ["Native", "NATIVE", "allgatherv", "gatherv", "scatterv", "library_cost",
+           "emulated_wait"]
 
 MPI_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
 
@@ -49,7 +50,7 @@ def allgatherv(part: np.ndarray, comm: MPI.Intracomm, yielding: bool = False,
     started = time.perf_counter()
     out = _allgatherv(np.ascontiguousarray(part), comm, yielding)
     if link is not None:
-        link.library(started, _VOLUME["allgather"](link.node_count) * out.nbytes)
+        emulated_wait(link, started, "allgather", out.nbytes)
     return out
 
 
@@ -118,6 +119,13 @@ _VOLUME = {"allreduce": lambda p: 2.0 * (p - 1) / p, "reduce_scatter": lambda p:
 """Bytes each of ``p`` members sends in a bandwidth-optimal schedule, per buffer byte."""
 
 
+def emulated_wait(link: Channel, started: float, primitive: str, nbytes: int) -> None:
+    """After an MPI library ``primitive`` over ``link``'s ranks entered at ``started``, of
+    ``nbytes`` (the whole buffer: an all-gather's output): under ``comm.emulate`` wait for
+    a bandwidth-optimal schedule over the emulated nodes (:meth:`Channel.library`)."""
+    link.library(started, _VOLUME[primitive](link.node_count) * nbytes)
+
+
 class Native(Algorithm):
     """``MPI_Allreduce``, ``MPI_Reduce_scatter``, ``MPI_Allgatherv``, ``MPI_Bcast`` and
     ``MPI_Reduce`` over ``group.comm``."""
@@ -133,8 +141,7 @@ class Native(Algorithm):
         schedule over the group's emulated nodes (:meth:`Channel.library`)."""
         started = time.perf_counter()
         self._run(req, arr, group)
-        nodes = group.link.node_count
-        group.link.library(started, _VOLUME[req.primitive](nodes) * req.nbytes)
+        emulated_wait(group.link, started, req.primitive, req.nbytes)
 
     @staticmethod
     def _run(req: Request, arr: np.ndarray, group: Group) -> None:
