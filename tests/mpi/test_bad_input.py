@@ -12,11 +12,11 @@ import pytest
 import torch
 from harness import run_mpi
 from mpi4py import MPI
+from poisoned import Poisoned
 
 from hpctrain.config import DataConfig, load_config
 from hpctrain.data import open_dataset
 from hpctrain.data.preprocess import preprocess
-from hpctrain.data.types import Batch, Dataset
 from hpctrain.runtime.abort import AgreedError
 from hpctrain.runtime.world import Topology, build_topology
 from hpctrain.train.job import TrainingJob
@@ -29,25 +29,6 @@ SMALL = [f"data.table_sizes={SIZES}", "data.train_samples=3000", "data.eval_samp
          "model.embedding_dim=8", "model.bottom_mlp=[16, 8]", "model.top_mlp=[16, 1]",
          "train.progress=false", "train.warmup_steps=0", "train.lr=0.02",
          "train.on_nonfinite='skip'"]
-
-
-class Poisoned(Dataset):
-    """``inner`` with feature I4 of ``samples`` (of either split) set to NaN."""
-
-    def __init__(self, inner: Dataset, samples: set[int]) -> None:
-        self.inner, self.samples, self.table_sizes = inner, samples, inner.table_sizes
-
-    def num_samples(self, split: str) -> int:
-        return self.inner.num_samples(split)
-
-    def read(self, split: str, start: int, stop: int) -> Batch:
-        batch = self.inner.read(split, start, stop)
-        hit = [i - start for i in sorted(self.samples) if start <= i < stop]
-        if hit:
-            dense = batch.dense.copy()
-            dense[hit, 3] = np.nan
-            batch = Batch(dense, batch.sparse, batch.labels)
-        return batch
 
 
 def state(trainer: Trainer) -> list[np.ndarray]:

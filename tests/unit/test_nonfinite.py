@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 import torch
 from mpi4py import MPI
+from poisoned import Poisoned
 
 from embeddings.collection import Lookup
 from embeddings.tables import TableLayout
 from hpctrain.config import load_config
 from hpctrain.data import open_dataset
-from hpctrain.data.types import Batch, Dataset
+from hpctrain.data.types import Batch
 from hpctrain.errors import NonFiniteError
 from hpctrain.runtime.abort import _ranks
 from hpctrain.runtime.world import build_topology
@@ -104,25 +105,6 @@ def test_finite_samples_leaves_out_bad_rows():
     assert same is kept and none == 0
 
 
-class _NaNInEval(Dataset):
-    """``inner`` with feature I4 of the held-out ``samples`` set to NaN."""
-
-    def __init__(self, inner: Dataset, samples: set[int]) -> None:
-        self.inner, self.samples, self.table_sizes = inner, samples, inner.table_sizes
-
-    def num_samples(self, split: str) -> int:
-        return self.inner.num_samples(split)
-
-    def read(self, split: str, start: int, stop: int) -> Batch:
-        batch = self.inner.read(split, start, stop)
-        hit = [i - start for i in sorted(self.samples) if split == "eval" and start <= i < stop]
-        if hit:
-            dense = batch.dense.copy()
-            dense[hit, 3] = np.nan
-            batch = Batch(dense, batch.sparse, batch.labels)
-        return batch
-
-
 def test_evaluation_leaves_out_nonfinite_samples_with_a_warning(tmp_path, caplog):
     """Held-out samples with NaN/Inf features are left out of the metrics and the evaluation
     says how many (one worker over COMM_SELF; no watchdog)."""
@@ -131,7 +113,7 @@ def test_evaluation_leaves_out_nonfinite_samples_with_a_warning(tmp_path, caplog
         "train.eval_batch_size=16", "model.embedding_dim=4", "model.bottom_mlp=[8, 4]",
         "model.top_mlp=[8, 1]", "train.progress=false",
         f"train.run_dir={str(tmp_path / 'run')!r}"], env={})
-    data = _NaNInEval(open_dataset(config.data), {3, 17, 30})
+    data = Poisoned(open_dataset(config.data), {3, 17, 30})
     trainer = Trainer(config, build_topology(config, MPI.COMM_SELF), data)
     with caplog.at_level(logging.WARNING, logger="hpctrain.train.trainer"):
         assert trainer.evaluate()["samples"] == 37
