@@ -71,7 +71,7 @@ class RuntimeConfig:
     threads: int = option(0, "torch intra-op threads per rank; 0: the rank's cores (its "
                              "affinity mask), divided among the node's ranks that share them; "
                              "on a parameter-server rank, the threads that share each big "
-                             "request's row passes (see README's Parameter server)",
+                             "request's row passes (see the Parameter server section)",
                           min=0)
     device: str = option("auto", "dense compute device; auto takes CUDA (device = local rank) "
                                  "when available", choices=("auto", "cpu", "cuda"))
