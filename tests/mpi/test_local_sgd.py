@@ -1,24 +1,31 @@
-"""Local SGD (sync.dense = local:H): H = 1 is BSP, H = 4 syncs a quarter as often."""
+"""Local SGD (sync.dense = local:H): H = 1 is BSP, H = 4 syncs a quarter as often, and a
+checkpoint between averages holds worker 0's replica."""
 
+import h5py
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 from hpctrain.config import load_config
 from hpctrain.runtime.world import build_topology
+from hpctrain.train import checkpoint as ckpt
 from hpctrain.train.trainer import Trainer
 
 WORLD = MPI.COMM_WORLD
 
 
-def train(tmp_path, dense: str, *extra: str) -> tuple[np.ndarray, np.ndarray, object]:
-    config = load_config(overrides=[
+def job(tmp_path, dense: str, *extra: str):
+    return load_config(overrides=[
         "data.table_sizes=[50, 200, 1000, 7]", "data.train_samples=3000",
         "data.eval_samples=300", "model.embedding_dim=8", "model.bottom_mlp=[16, 8]",
         "model.top_mlp=[16, 1]", "train.progress=false", "train.batch_size=48",
         "train.steps=8", "train.optimizer=sgd", "train.lr=0.3", "train.warmup_steps=0",
         f"sync.dense={dense!r}", f"train.run_dir={str(tmp_path / dense.replace(':', ''))!r}",
         *extra], env={})
+
+
+def train(tmp_path, dense: str, *extra: str) -> tuple[np.ndarray, np.ndarray, object]:
+    config = job(tmp_path, dense, *extra)
     trainer = Trainer(config, build_topology(config))
     summary = trainer.fit()
     return trainer.dense_parameters(), trainer.table_rows(), summary
@@ -53,3 +60,22 @@ def test_all_to_all_tables_take_local_sgd_for_the_dense_layers(tmp_path):
     _, _, four = train(tmp_path, "local:4", *a2a)
     if WORLD.Get_rank() == 0:
         assert four.dense_syncs / bsp.dense_syncs == 0.25
+
+
+@pytest.mark.mpi(ranks=(2,), timeout=300)
+def test_a_checkpoint_between_averages_saves_worker_0s_replica(tmp_path):
+    """Three steps of local:4 leave the replicas apart; a checkpoint then holds worker 0's
+    parameters (a resume continues from them)."""
+    config = job(tmp_path, "local:4")
+    trainer = Trainer(config, build_topology(config))
+    batches, ahead = trainer.micro_batches(), []
+    for step in range(3):
+        trainer.step(step, batches, ahead)
+    replicas = WORLD.allgather(trainer.dense_parameters())
+    assert not np.array_equal(replicas[0], replicas[1])  # no average yet
+    trainer.save_checkpoint(3)
+    if WORLD.Get_rank() == 0:
+        path = ckpt.step_dir(config.train.run_dir, 3) / "dense.h5"
+        with h5py.File(path) as f:
+            saved = [f["param"][name][()] for name in sorted(f["param"], key=int)]
+        np.testing.assert_array_equal(np.concatenate([p.ravel() for p in saved]), replicas[0])
