@@ -122,8 +122,10 @@ _VOLUME = {"allreduce": lambda p: 2.0 * (p - 1) / p, "reduce_scatter": lambda p:
 def emulated_wait(link: Channel, started: float, primitive: str, nbytes: int) -> None:
     """After an MPI library ``primitive`` over ``link``'s ranks entered at ``started``, of
     ``nbytes`` (the whole buffer: an all-gather's output): under ``comm.emulate`` wait for
-    a bandwidth-optimal schedule over the emulated nodes (:meth:`Channel.library`)."""
-    link.library(started, _VOLUME[primitive](link.node_count) * nbytes)
+    a bandwidth-optimal schedule over the emulated nodes (:meth:`Channel.library`). Off,
+    it returns at once: every native collective and store push calls it."""
+    if link.emulating:
+        link.library(started, _VOLUME[primitive](link.node_count) * nbytes)
 
 
 class Native(Algorithm):
