@@ -185,17 +185,20 @@ def test_bad_input_ends_real_launches_with_one_line_and_exit_2(tmp_path):
     assert code == 2 and ours == [f"hpctrain: error: [rank 0] train.run_dir = "
                                   f"{below_a_file!r}: cannot write there (Not a directory)"], out
 
-    # A NaN feature read by worker 1 (samples 60-79 of step 1) beside a parameter server.
+    # A NaN feature read by worker 1 (samples 60-79 of step 1) beside a parameter server;
+    # in full mode the workers share no collective, so worker 1 ends the job alone.
     h5 = tmp_path / "nan.h5"
     preprocess(DataConfig(source="criteo", paths=(str(SAMPLE),)), str(h5))
     with h5py.File(h5, "a") as f:
         f["train/dense"][70, 3] = np.nan
-    code, ours, out = train(["--set", "data.source='hdf5'", "--set", f"data.paths=[{str(h5)!r}]",
-                             "--set", "train.batch_size=40", "--set", "ps.servers=1",
-                             "--set", f"train.run_dir={str(tmp_path / 'r3')!r}"], ranks=3)
-    assert code == 2 and ours == [
-        "hpctrain: error: [rank 1] step 1: non-finite dense features: train sample 70, I4 = "
-        "nan; set train.on_nonfinite = \"skip\" to skip such steps"], out
+    for mode in ("hybrid", "full"):
+        code, ours, out = train(["--set", "data.source='hdf5'", "--set",
+                                 f"data.paths=[{str(h5)!r}]", "--set", "train.batch_size=40",
+                                 "--set", "ps.servers=1", "--set", f"ps.mode={mode!r}",
+                                 "--set", f"train.run_dir={str(tmp_path / mode)!r}"], ranks=3)
+        assert code == 2 and ours == [
+            "hpctrain: error: [rank 1] step 1: non-finite dense features: train sample 70, I4 = "
+            "nan; set train.on_nonfinite = \"skip\" to skip such steps"], (mode, out)
 
 
 def test_ranks_that_see_different_configs_stop_before_training(tmp_path):
