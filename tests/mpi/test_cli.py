@@ -4,8 +4,13 @@ import json
 import sys
 import time
 
+import numpy as np
 import pytest
 from harness import run_mpi
+
+from hpctrain.config import load_config
+from hpctrain.train.optim import sparse_optimizer
+from ps.types import Op, encode_request, rows_reply
 
 HPCTRAIN = [sys.executable, "-m", "hpctrain.cli"]
 QUIET = ["--set", "train.progress=false"]
@@ -80,6 +85,37 @@ def test_info_prints_the_world():
         assert fact in result.stdout, fact
 
 
+def _check_server_bytes(summary, run_dir):
+    """The server line's counters in ``summary.json``, bytes in and out included, against
+    the workers' client counts. The server counts every message it receives and every reply
+    it sends; the clients leave out their readiness probe (a READ of one row, and its reply),
+    their DONE, and their SAVE for each checkpoint, so those make up the difference."""
+    [server], clients = summary["ps_servers"], summary["ps_clients"]
+    assert len(clients) == 2
+
+    def total(key):
+        return sum(c[key] for c in clients)
+
+    assert server["bytes_in"] > 0 and server["bytes_out"] > 0
+    assert server["pulls"] == total("pulls") and server["pushes"] == total("pushes")
+    assert server["rows_out"] == total("rows_pulled") > 0
+    assert server["rows_in"] == total("rows_pushed") > 0
+    assert server["rows_read"] == total("rows_read") + len(clients)  # + the probes' rows
+    config = load_config(run_dir / "config.toml", env={})
+    dim = config.model.embedding_dim
+    width = dim + sparse_optimizer(config.train).state_width(dim)
+    one = np.zeros(1, np.int64)
+    probe = encode_request(Op.READ, 0, 0, 0, one, one + 1, one).nbytes
+    empty = np.zeros(0, np.int64)
+    control = encode_request(Op.DONE, 0, 0, 0, empty, empty, empty).nbytes  # DONE, SAVE
+    saves = len(list((run_dir / "checkpoints").iterdir()))
+    assert saves == 1  # checkpoint.at_end
+    sent = total("pull_bytes_sent") + total("push_bytes_sent") + total("move_bytes_sent")
+    assert server["bytes_in"] == sent + len(clients) * (probe + control * (1 + saves))
+    received = total("pull_bytes_received") + total("move_bytes_received")
+    assert server["bytes_out"] == received + len(clients) * rows_reply(1, width)[0].nbytes
+
+
 def test_train_with_a_parameter_server_and_bench_it(tmp_path):
     result = run_mpi([*HPCTRAIN, "train", "jobs/configs/ps_hybrid.toml", *QUIET,
                       "--set", "data.train_samples=20000", "--set", "data.eval_samples=2000",
@@ -92,6 +128,7 @@ def test_train_with_a_parameter_server_and_bench_it(tmp_path):
     assert summary["ps_servers"][0]["threads"] == 2  # the rank's runtime.threads
     assert summary["ps_clients"][0]["prefetch_hits"] == summary["steps"] - 1
     assert json.loads((tmp_path / "plan.json").read_text())["servers"] == 1
+    _check_server_bytes(summary, tmp_path)
 
     out = tmp_path / "bench.json"
     bench = run_mpi([*HPCTRAIN, "bench", "ps", "--servers", "2", "--tables", "3", "--rows",

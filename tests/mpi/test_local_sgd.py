@@ -64,18 +64,49 @@ def test_all_to_all_tables_take_local_sgd_for_the_dense_layers(tmp_path):
 
 @pytest.mark.mpi(ranks=(2,), timeout=300)
 def test_a_checkpoint_between_averages_saves_worker_0s_replica(tmp_path):
-    """Three steps of local:4 leave the replicas apart; a checkpoint then holds worker 0's
-    parameters (a resume continues from them)."""
-    config = job(tmp_path, "local:4")
+    """Three steps of local:4 leave the replicas apart (parameters and momentum buffers);
+    a checkpoint then holds worker 0's replica, parameters and optimizer state, and a run
+    resumed from it starts every worker from that replica and continues from step 3. The
+    other workers' progress since the last average is lost: the resumed run ends apart from
+    the uninterrupted one."""
+    config = job(tmp_path, "local:4", "train.momentum=0.9")
     trainer = Trainer(config, build_topology(config))
+    nparams = len(list(trainer.parameters()))
     batches, ahead = trainer.micro_batches(), []
     for step in range(3):
         trainer.step(step, batches, ahead)
     replicas = WORLD.allgather(trainer.dense_parameters())
+    states = WORLD.allgather(trainer.dense_state()[nparams:])
     assert not np.array_equal(replicas[0], replicas[1])  # no average yet
+    assert len(states[0]) == nparams  # a momentum buffer per parameter
+    assert not all(np.array_equal(a, b) for a, b in zip(*states, strict=True))
     trainer.save_checkpoint(3)
     if WORLD.Get_rank() == 0:
         path = ckpt.step_dir(config.train.run_dir, 3) / "dense.h5"
         with h5py.File(path) as f:
             saved = [f["param"][name][()] for name in sorted(f["param"], key=int)]
+            optim = [f["optim"][name][()] for name in sorted(f["optim"], key=int)]
         np.testing.assert_array_equal(np.concatenate([p.ravel() for p in saved]), replicas[0])
+        assert len(optim) == len(states[0])
+        for kept, mine in zip(optim, states[0], strict=True):
+            np.testing.assert_array_equal(kept, mine)
+    for step in range(3, config.train.steps):  # the uninterrupted run, on to its end
+        trainer.step(step, batches, ahead)
+    uninterrupted = trainer.dense_parameters()
+    trainer.close()
+
+    manifest = ckpt.read_manifest(ckpt.step_dir(config.train.run_dir, 3))
+    resumed = Trainer(config, build_topology(config), manifest=manifest)
+    assert resumed.start_step == 3
+    restored = resumed.dense_state()  # on every worker: worker 0's replica
+    np.testing.assert_array_equal(np.concatenate([p.ravel() for p in restored[:nparams]]),
+                                  replicas[0])
+    for got, kept in zip(restored[nparams:], states[0], strict=True):
+        np.testing.assert_array_equal(got, kept)
+    summary = resumed.fit()
+    final = WORLD.allgather(resumed.dense_parameters())
+    resumed.close()
+    assert all(np.array_equal(r, final[0]) for r in final)  # averaged after the last step
+    assert not np.array_equal(final[0], uninterrupted)
+    if WORLD.Get_rank() == 0:
+        assert summary.dense_syncs == 2  # resumed steps 4-8: averages after steps 4 and 8

@@ -66,3 +66,27 @@ def test_parameter_server_trace_has_server_handling_and_pull_waits(tmp_path):
         assert ready["ts"] + ready["dur"] <= first_step
         assert first_read < first_step
     assert "parameter servers ready" in result.stdout
+
+
+def test_zero2_trace_has_reduce_scatter_spans_on_every_rank(tmp_path):
+    """Under ``train.zero = 2`` each gradient bucket's reduction is a ``reduce_scatter``
+    span on the main thread (hpctrain/parallel/sharded.py), not a ``reduce`` span on a
+    bucket's track."""
+    path = tmp_path / "trace.json"
+    result = run_mpi([*HPCTRAIN, "train", *SMALL, "--set", "train.steps=2",
+                      "--set", "train.zero=2", "--set", "comm.bucket_kib=64",
+                      "--set", f"runtime.trace={str(path)!r}",
+                      "--set", f"train.run_dir={str(tmp_path / 'run')!r}"], ranks=2,
+                     timeout=120)
+    assert result.returncode == 0, result.stdout
+    events, spans = _spans(path)
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+               if e["name"] == "thread_name"}
+    for rank in (0, 1):
+        scatters = [e for e in spans if e["pid"] == rank and e["name"] == "reduce_scatter"]
+        assert scatters, (rank, {e["name"] for e in spans if e["pid"] == rank})
+        assert {threads[rank, e["tid"]] for e in scatters} == {"main"}
+        buckets = sorted(e["args"]["bucket"] for e in scatters)
+        count = len(set(buckets))
+        assert count >= 2 and buckets == sorted(list(range(count)) * 2)  # every bucket, 2 steps
+        assert not any(e["pid"] == rank and e["name"] == "reduce" for e in spans)

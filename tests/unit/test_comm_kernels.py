@@ -203,3 +203,33 @@ def test_a_failed_single_copy_read_names_the_rank_and_releases_the_others():
     stages = _play_single_copy(buffers, words, pieces=4, bad_address=8)
     assert stages == [0, -1]  # rank 1 could not read rank 0: -(0 + 1)
     assert words[16] == 3  # ... and published its last flag, so rank 0 finished
+
+
+def _llvm_ir(kernel, *args) -> str:
+    """LLVM IR of ``kernel`` compiled afresh for ``args``' types: numba shows none for code
+    loaded from its cache (the helpers it calls are inlined, so their stores are in it)."""
+    fresh = numba.njit(cache=False, nogil=True)(kernel.py_func)
+    fresh.compile(tuple(numba.typeof(a) for a in args))
+    return "\n".join(fresh.inspect_llvm().values())
+
+
+def test_sixteen_bit_reduced_slices_are_written_by_plain_stores(monkeypatch):
+    """The widening reduction writes float16/bfloat16 slices back (to ``own`` and, modes 1
+    and 2, the window's rows) with plain stores, not the non-temporal ones of every other
+    copy into the window; ``Window.fill``'s streaming copy shows what those look like.
+    (:class:`~hpctrain.comm.shm.Shm` sends such buffers down the slices path: see
+    test_comm_select.)"""
+    flat, own = np.zeros(300, np.uint16), np.zeros(100, np.uint16)
+    taken = {}
+    for kernel in (K._slice_arith, K._slice_wide):
+        monkeypatch.setattr(K, kernel.__name__,
+                            lambda *a, k=kernel: taken.setdefault(a[-1], k))
+    for kind in (K.HALF, K.BHALF):
+        K.reduce_slice(flat, 100, 3, 1, own, 0, 100, 1, K.SUM, kind)
+    monkeypatch.undo()
+    assert set(taken) == {K.HALF, K.BHALF}
+    for kernel in set(taken.values()):  # ``kind`` is a run-time argument: one compile
+        ir = _llvm_ir(kernel, flat, 100, 3, 1, own, 0, 100, 1, K.SUM, K.HALF)
+        assert "store" in ir and "!nontemporal" not in ir, kernel.__name__
+    streamed = _llvm_ir(window._fill, np.zeros(64, np.uint8), 0, own, 0, 64)
+    assert "!nontemporal" in streamed

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 
 from hpctrain.bench.allreduce import parse_sizes
 from hpctrain.comm import calibration, select
+from hpctrain.comm import shm as shm_module
 from hpctrain.comm.calibration import fit
 from hpctrain.comm.collectives import as_storage
 from hpctrain.comm.shm import SHM, Shm, small_limit, sync_cost
@@ -209,3 +211,32 @@ def test_parse_sizes():
     for bad in ("4XB", "64KiB-4KiB", "", "0-4KiB"):
         with pytest.raises(ValueError):
             parse_sizes(bad)
+
+
+def test_sixteen_bit_allreduces_take_the_slices_path_not_the_streaming_one(monkeypatch):
+    """Above the small path, numeric dtypes take the one-call slices path, whose reduced
+    slices go into the window by streaming stores (``allreduce_pipelined``); float16 and
+    bfloat16 take ``allreduce_slices``, where the widening reduction writes them back with
+    plain stores (test_comm_kernels checks that kernel's stores)."""
+    taken = []
+    monkeypatch.setattr(shm_module, "allreduce_pipelined",
+                        lambda arr, arena, op, piece: taken.append((arr.dtype, "pipelined")))
+    monkeypatch.setattr(shm_module, "allreduce_slices",
+                        lambda arr, arena, op, kind: taken.append((arr.dtype, kind)))
+    params = CostParams()
+    two = Layout(size=2, rank=0, local_size=2, local_rank=0, nodes=1, uniform=True)
+
+    def bind(req, layout):
+        group = SimpleNamespace(layout=layout, params=params, arena=lambda nbytes: None)
+        taken.clear()
+        SHM.bind(req, group)(np.zeros(4, req.dtype.storage))
+        return list(taken)
+
+    for layout in (two, dataclasses.replace(two, single_copy=True)):  # no single copy either
+        for name in ("float16", "bfloat16"):
+            dtype = DTYPES[name]
+            for nbytes in (1 << 20, 64 << 20):
+                assert nbytes > small_limit(layout, params)
+                assert bind(Request("allreduce", nbytes // 2, dtype), layout) == \
+                    [(dtype.storage, dtype.kind)], (name, nbytes, layout)
+    assert bind(allreduce(1 << 20), two) == [(np.dtype(np.float32), "pipelined")]
