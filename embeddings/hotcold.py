@@ -178,12 +178,11 @@ class HotSetPlanner:
             first, second = np.where(eligible, latest, -2), freq  # steps start at -1
         del freq, hot
         eligible = int(np.count_nonzero(eligible))
-        # the best 2 x capacity include the best capacity
         pool = best(first, second, min(2 * self.capacity, eligible))
         pool.sort()
-        chosen = pool[best(first[pool], second[pool], min(self.capacity, eligible))]
+        # the best capacity of all are those of the pool: no copy of its counts to rank
+        hot = candidates[best(first, second, min(self.capacity, eligible))]
         del first, second  # before the copies below
-        hot = candidates[chosen]
         hot.sort()
         self._pool, self._pool_last = candidates[pool], latest[pool]
         self.tracker.decay(self.decay)
