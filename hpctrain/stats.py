@@ -38,12 +38,6 @@ class Interval:
     def as_dict(self) -> dict[str, float | int | None]:
         return asdict(self)
 
-    def excludes(self, value: float) -> bool | None:
-        """Whether ``value`` lies outside the interval (None when there is none)."""
-        if self.lo is None or self.hi is None:
-            return None
-        return value < self.lo or value > self.hi
-
 
 def t_quantile(df: float, level: float = LEVEL) -> float:
     """Two-sided Student t critical value: ``t_{(1+level)/2, df}``. SciPy is imported

@@ -72,13 +72,6 @@ class Request:
     grads: np.ndarray | None = None  # float32 [n, dim] (PUSH), [n, dim + state] (WRITE)
     wire: str = "float32"  # PUSH payload and PULL reply format
 
-    def table_ids(self):
-        """(table, ids) groups in message order."""
-        start = 0
-        for table, count in zip(self.tables.tolist(), self.counts.tolist(), strict=True):
-            yield table, self.ids[start: start + count]
-            start += count
-
 
 def encode_request(op: Op, step: int, seq: int, slack: int, tables: np.ndarray,
                    counts: np.ndarray, ids: np.ndarray, grads: np.ndarray | None = None,

@@ -59,7 +59,6 @@ class GridComms:
     position: int
     comms: dict[str, MPI.Intracomm]
     torch_groups: dict[str, object] | None
-    tensor_local: bool
 
     @property
     def coords(self) -> tuple[int, int, int]:
@@ -273,7 +272,7 @@ def build_grid(comm: MPI.Intracomm, grid: Grid, rendezvous: Rendezvous | None = 
             comms[axis].Set_name(f"hpctrain.{axis}")  # the watchdog names waits by it
     if position is None:
         return None
-    return GridComms(grid, position, comms, torch_groups if rendezvous else None, local)
+    return GridComms(grid, position, comms, torch_groups if rendezvous else None)
 
 
 def emulation_notes(config: JobConfig, roles: Roles, backend: str) -> list[str]:

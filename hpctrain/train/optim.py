@@ -79,8 +79,6 @@ class DenseOptimizer:
         self.beta1, self.beta2 = betas
         self.eps = eps
         self.clip_norm = clip_norm
-        self.last_norm = float("nan")
-        """Global gradient norm before clipping, at the last step (with ``clip_norm``)."""
         self.state = empty_state(self.params, kind, momentum)
         self._steps = self.state[-1] if kind in _COUNTED else None  # Adam's step count
 
@@ -99,7 +97,7 @@ class DenseOptimizer:
                 self._steps += 1
             return
         if self.clip_norm > 0:
-            self.last_norm = clip_grad_norm(self.params, self.clip_norm)
+            clip_grad_norm(self.params, self.clip_norm)
         grads = [p.grad for p in self.params]
         wd = self.weight_decay
         if wd and self.kind in ("sgd", "adagrad", "adam"):  # L2: a new list, .grad untouched

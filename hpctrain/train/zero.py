@@ -51,7 +51,6 @@ class ZeroOptimizer:
         self.group = dp.group
         self.params = dp.params  # the plain optimizer's order, which checkpoints keep
         self.clip_norm = tc.clip_norm
-        self.last_norm = float("nan")
         order, self.segments, shard_view = dp.shards()
         self.at: dict[int, int] = {}  # flat offset of each parameter
         offset = 0
@@ -95,7 +94,7 @@ class ZeroOptimizer:
         """Clip the reduced gradient (when asked), update this worker's chunks, and
         ``allgather`` each segment of the flat parameters over the group."""
         if self.clip_norm > 0:
-            self.last_norm = clip_grad_norm(self.pieces, self.clip_norm, self.group)
+            clip_grad_norm(self.pieces, self.clip_norm, self.group)
         self.inner.step(lr)  # this worker's chunks of ``flat``, in place
         for lo, hi in self.segments:
             allgather(self.flat[lo:hi], comm=self.group)

@@ -98,7 +98,9 @@ def test_messages_round_trip(groups, op, step, lr):
     request = decode_request(buf, dim=3)
     assert (request.op, request.step, request.seq, request.slack, request.lr) == (
         op, step, 7, 1, lr)
-    assert [(t, list(i)) for t, i in request.table_ids()] == [(t, g) for t, g in groups]
+    decoded = np.split(request.ids, np.cumsum(request.counts)[:-1]) if groups else []
+    assert [(t, list(i)) for t, i in zip(request.tables.tolist(), decoded, strict=True)] == \
+        [(t, g) for t, g in groups]
     if grads is not None:
         np.testing.assert_array_equal(request.grads, grads)
     rows = np.random.default_rng(0).normal(size=(len(ids), 3)).astype(np.float32)
