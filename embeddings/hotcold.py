@@ -180,7 +180,7 @@ class HotSetPlanner:
         eligible = int(np.count_nonzero(eligible))
         pool = best(first, second, min(2 * self.capacity, eligible))
         pool.sort()
-        # the best capacity of all are those of the pool: no copy of its counts to rank
+        # the best `capacity` of all, which lie in the pool: ranked without copying its counts
         hot = candidates[best(first, second, min(self.capacity, eligible))]
         del first, second  # before the copies below
         hot.sort()
