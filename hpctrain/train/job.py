@@ -65,7 +65,8 @@ def run_training(config: JobConfig, topo: Topology,
     job = TrainingJob(config, topo, resume)
     prepare_kernels([sparse_optimizer(config.train), *job.dense_table_optimizer()],
                     config.tiering.budget > 0, parameter_server=config.ps.servers > 0,
-                    all_to_all=config.embeddings.layout(config.ps.servers) == "alltoall")
+                    all_to_all=config.embeddings.layout(config.ps.servers) == "alltoall",
+                    node=topo.node)
     summary = job.run(fit)
     written = trace.finish(topo.world)
     if written:

@@ -9,7 +9,8 @@ gradients' segment writing and records' sum (``cache=True``: later runs load the
 ``__pycache__``); compiling inside the first step left the progress bar at step 1 for
 seconds with no word why. :func:`prepare_kernels` runs each kernel once on a few elements,
 through the same entry points and argument types as the step, and says on rank 0 how long
-that took and whether the kernels were compiled or loaded from numba's cache. It prepares
+that took and whether the kernels were compiled or loaded from numba's cache; one rank per
+machine compiles, and the others load its kernels from the cache after it. It prepares
 the job's kernels only (the parameter server's, the all-to-all's and the tiered store's when
 the job uses them, the group's single-copy probe always): a loaded kernel stays resident.
 """
@@ -21,6 +22,7 @@ import time
 from collections.abc import Sequence
 
 import numpy as np
+from mpi4py import MPI
 
 from embeddings import alltoall as sharded
 from embeddings import collection, freq, hotcold, hotsum, hottier, tiered, worker_sharding
@@ -29,6 +31,7 @@ from embeddings.sharding import Placement, plan_sharding
 from embeddings.tables import pack_rows, unpack_rows
 from embeddings.types import TableSpec
 from hpctrain.comm import alltoall, cma, kernels, window
+from hpctrain.runtime.waits import Wait, wait_all
 from ps import kernels as ps_kernels
 
 __all__ = ["prepare_kernels"]
@@ -37,18 +40,45 @@ log = logging.getLogger(__name__)
 
 
 def prepare_kernels(optimizers: Sequence[SparseOptimizer], tiering: bool,
-                    parameter_server: bool = False, all_to_all: bool = False
-                    ) -> tuple[float, int]:
+                    parameter_server: bool = False, all_to_all: bool = False,
+                    node: MPI.Intracomm | None = None) -> tuple[float, int]:
     """Compile or load the kernels of a step with the row ``optimizers`` (and the tiered
     store's frequency sketch when ``tiering``, the client's routing of rows to servers when
     ``parameter_server``, the exchanges of the all-to-all store when ``all_to_all``);
-    returns (seconds, kernels compiled). Only the job's: each loaded kernel stays resident
-    (the all-to-all's took 5 MiB of every rank)."""
+    returns (seconds, kernels this rank compiled). Only the job's: each loaded kernel stays
+    resident (the all-to-all's took 5 MiB of every rank).
+
+    With ``node`` (collective over it: the ranks sharing this machine), its first rank
+    prepares them while the others wait, sleeping, and then load what it compiled from
+    numba's cache: a machine's first run compiles each kernel once, not once per rank on the
+    same cores, and the compiler's memory stays on that one rank. (Where the cache cannot be
+    written, the others compile after it.)"""
     dispatchers = _dispatchers(tiering, parameter_server, all_to_all)
     misses = sum(sum(d.stats.cache_misses.values()) for d in dispatchers)
     log.info("preparing the numba kernels (compiled on a machine's first run, then loaded "
              "from numba's cache)")
     start = time.perf_counter()
+    first = node is None or node.Get_rank() == 0
+    if first:
+        _run_kernels(optimizers, tiering, parameter_server, all_to_all)
+    if node is not None and node.Get_size() > 1:
+        wait_all([node.Ibarrier()], Wait("barrier", node))
+        if not first:
+            _run_kernels(optimizers, tiering, parameter_server, all_to_all)
+    seconds = time.perf_counter() - start
+    compiled = sum(sum(d.stats.cache_misses.values()) for d in dispatchers) - misses
+    if compiled:
+        log.info("compiled %d numba kernels in %.1f s (cached for later runs)", compiled,
+                 seconds)
+    else:
+        log.info("numba kernels ready in %.2f s (nothing to compile)", seconds)
+    return seconds, compiled
+
+
+def _run_kernels(optimizers: Sequence[SparseOptimizer], tiering: bool, parameter_server: bool,
+                 all_to_all: bool) -> None:
+    """Each kernel of :func:`prepare_kernels` once, on a few elements, through the step's
+    entry points and argument types."""
     rows, grads = np.array([2, 0, 2], np.int64), np.ones((3, 4), np.float32)
     collection.unique_rows(rows)
     unique, summed = coalesce(rows, grads)
@@ -91,14 +121,6 @@ def prepare_kernels(optimizers: Sequence[SparseOptimizer], tiering: bool,
                               np.zeros((2, 1), np.int64))
         hotsum._write(records, 0, 1, hot, slots, np.ones((2, 2), np.float32), True,
                       np.empty((1, 3), np.float32))  # two hot rows: one spills
-    seconds = time.perf_counter() - start
-    compiled = sum(sum(d.stats.cache_misses.values()) for d in dispatchers) - misses
-    if compiled:
-        log.info("compiled %d numba kernels in %.1f s (cached for later runs)", compiled,
-                 seconds)
-    else:
-        log.info("numba kernels ready in %.2f s (nothing to compile)", seconds)
-    return seconds, compiled
 
 
 def _dispatchers(tiering: bool, parameter_server: bool, all_to_all: bool) -> list:
