@@ -31,22 +31,20 @@ another number of workers, another sharding, or from a replicated checkpoint.
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass
 
 import numba
 import numpy as np
-from mpi4py import MPI
 
 from embeddings import worker_sharding
 from embeddings.optim import SparseOptimizer, coalesce
 from embeddings.tables import LocalTables, TableLayout, init_rows
 from embeddings.types import EmbeddingStore, RowSink, RowSource
 from embeddings.worker_sharding import WorkerPlacement, WorkerPlan
+from hpctrain.comm import allreduce
 from hpctrain.comm.alltoall import alltoallv, exchange_counts
 from hpctrain.comm.bytecopy import copy_bytes
 from hpctrain.comm.group import Group
-from hpctrain.comm.native import emulated_wait
 from hpctrain.errors import EmbeddingError
 from hpctrain.runtime.topology import shard_range
 from hpctrain.runtime.waiting import watching
@@ -134,9 +132,7 @@ class ColumnTables:
         # rounded as the row-wise kernel does: float32 squares summed in float64, one
         # rounding of the new accumulator to float32
         squares = np.square(grads).astype(np.float64).sum(axis=1)
-        started = time.perf_counter()
-        self.group.comm.Allreduce(MPI.IN_PLACE, squares, op=MPI.SUM)
-        emulated_wait(self.group.link, started, "allreduce", squares.nbytes)
+        allreduce(squares, comm=self.group, algorithm="native")
         acc = (self.state[rows, 0].astype(np.float64) + squares / self.full_dim).astype(
             np.float32)
         self.state[rows, 0] = acc

@@ -30,7 +30,6 @@ on its own.
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING
 
 import numba
@@ -41,8 +40,7 @@ from mpi4py import MPI
 from embeddings.collection import Lookup, lookup_rows
 from embeddings.hottier import HotTier
 from embeddings.optim import coalesce
-from hpctrain.comm.native import emulated_wait
-from hpctrain.runtime.waits import Wait, wait_all
+from hpctrain.comm.native import allgatherv
 
 if TYPE_CHECKING:
     from hpctrain.comm.emulate import Channel
@@ -123,15 +121,12 @@ class HotRider:
         """Every worker's records beyond its region (``spilled`` of each, this worker's are
         :attr:`_spill`), in worker order: an ``Iallgatherv``, completed by a yielding wait,
         when there are any."""
-        everyone = np.empty((int(spilled.sum()), self.width), dtype=np.float32)
-        if len(everyone):
-            started = time.perf_counter()
-            wait_all([self.comm.Iallgatherv(self._spill, [everyone, spilled * self.width])],
-                     Wait("allgather", self.comm))
-            if self.link is not None:
-                emulated_wait(self.link, started, "allgather", everyone.nbytes)
-            self.spills += 1
-            self.spill_bytes += (len(everyone) - len(self._spill)) * self.width * 4
+        if not spilled.any():
+            return np.empty((0, self.width), dtype=np.float32)
+        everyone = allgatherv(self._spill, self.comm, yielding=True, link=self.link,
+                              counts=spilled)
+        self.spills += 1
+        self.spill_bytes += (len(everyone) - len(self._spill)) * self.width * 4
         return everyone
 
     def segment_bytes(self) -> int:

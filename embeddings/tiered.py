@@ -72,7 +72,7 @@ from embeddings.optim import SparseOptimizer, coalesce
 from embeddings.tables import TableLayout, pack_rows, unpack_rows
 from embeddings.types import BackingStore, EmbeddingStore, RowSink, RowSource
 from hpctrain.comm import Group, allreduce
-from hpctrain.comm.native import allgatherv, emulated_wait
+from hpctrain.comm.native import allgatherv
 from hpctrain.config import TieringConfig
 from hpctrain.runtime import trace
 from hpctrain.runtime.env import release_free_memory
@@ -464,12 +464,8 @@ class TieredStore(EmbeddingStore):
             into.apply(touched, np.ascontiguousarray(block[touched, : self.dim]), lr)
             return
         # One message per worker: each slot and its gradient as one line of int32 words.
-        packed = pack_rows(slots, grads)
-        everyone = np.empty((total, self.dim + 2), dtype=np.int32)
-        started = time.perf_counter()
-        wait_all([self.comm.Iallgatherv(packed, [everyone, counts * (self.dim + 2)])],
-                 Wait("allgather", self.comm))
-        emulated_wait(self.group.link, started, "allgather", everyone.nbytes)
+        everyone = allgatherv(pack_rows(slots, grads), self.comm, yielding=True,
+                              link=self.group.link, counts=counts)
         self.stats.sparse_syncs += 1
         self.stats.sync_bytes += (total - len(slots)) * (self.dim + 2) * 4
         into.apply(*coalesce(*unpack_rows(everyone)), lr)

@@ -33,11 +33,12 @@ MPI_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
 
 
 def allgatherv(part: np.ndarray, comm: MPI.Intracomm, yielding: bool = False,
-               link: Channel | None = None) -> np.ndarray:
+               link: Channel | None = None, counts: np.ndarray | None = None) -> np.ndarray:
     """Concatenation, in rank order, of every rank's ``part`` (same dtype and trailing
     shape on all ranks, any leading length): ``MPI_Allgather`` of the lengths, then
     ``MPI_Allgatherv``. (The in-place ``allgather`` of :mod:`hpctrain.comm` fills equal
-    chunks of one buffer instead; this one serves variable-length sparse rows.)
+    chunks of one buffer instead; this one serves variable-length sparse rows.) ``counts``:
+    every rank's length, when the caller already has them (no ``MPI_Allgather`` then).
 
     ``yielding``: their non-blocking forms completed by
     :func:`~hpctrain.runtime.waits.wait_all`, which sleeps between polls: for a background
@@ -48,25 +49,29 @@ def allgatherv(part: np.ndarray, comm: MPI.Intracomm, yielding: bool = False,
     if comm.Get_size() == 1:
         return part
     started = time.perf_counter()
-    out = _allgatherv(np.ascontiguousarray(part), comm, yielding)
+    out = _allgatherv(np.ascontiguousarray(part), comm, yielding, counts)
     if link is not None:
         emulated_wait(link, started, "allgather", out.nbytes)
     return out
 
 
-def _allgatherv(part: np.ndarray, comm: MPI.Intracomm, yielding: bool) -> np.ndarray:
-    row = int(np.prod(part.shape[1:], dtype=np.int64))
-    counts = np.empty(comm.Get_size(), dtype=np.int64)
-    length = np.array([part.shape[0]], dtype=np.int64)
+def _allgatherv(part: np.ndarray, comm: MPI.Intracomm, yielding: bool,
+                counts: np.ndarray | None) -> np.ndarray:
+    if counts is None:
+        counts = np.empty(comm.Get_size(), dtype=np.int64)
+        length = np.array([part.shape[0]], dtype=np.int64)
+        if yielding:
+            wait_all([comm.Iallgather(length, counts)], Wait("allgather", comm))
+        else:
+            with watching("allgather", comm):
+                comm.Allgather(length, counts)
+    out = np.empty((int(counts.sum()), *part.shape[1:]), dtype=part.dtype)
+    sizes = counts * int(np.prod(part.shape[1:], dtype=np.int64))
     if yielding:
-        wait_all([comm.Iallgather(length, counts)], Wait("allgather", comm))
-        out = np.empty((int(counts.sum()), *part.shape[1:]), dtype=part.dtype)
-        wait_all([comm.Iallgatherv(part, [out, counts * row])], Wait("allgather", comm))
-        return out
-    with watching("allgather", comm):
-        comm.Allgather(length, counts)
-        out = np.empty((int(counts.sum()), *part.shape[1:]), dtype=part.dtype)
-        comm.Allgatherv(part, [out, counts * row])
+        wait_all([comm.Iallgatherv(part, [out, sizes])], Wait("allgather", comm))
+    else:
+        with watching("allgather", comm):
+            comm.Allgatherv(part, [out, sizes])
     return out
 
 
