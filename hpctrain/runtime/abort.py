@@ -6,6 +6,8 @@ every rank and exits non-zero. :func:`run_guarded` wraps a command's body:
 
 - a user error (:class:`~hpctrain.errors.HpctrainError`) prints one line naming the rank and
   exits with code 2 (through ``Abort(2)`` when other ranks may be waiting);
+- stdout's reader leaving (``hpctrain trace summarize FILE | head``) ends the job quietly
+  with code 141, as a Unix filter killed by ``SIGPIPE`` does;
 - anything else prints the rank and traceback and aborts with code 1.
 
 Errors raised identically by every rank before the first message (config validation) are
@@ -18,6 +20,7 @@ exits with code 2 without an abort when the whole world agreed.
 from __future__ import annotations
 
 import os
+import select
 import sys
 import time
 import traceback
@@ -33,6 +36,7 @@ __all__ = ["USER_ERROR", "AgreedError", "agree", "run_guarded", "abort_job", "wo
            "world_size"]
 
 USER_ERROR = 2
+BROKEN_PIPE = 128 + 13  # what a shell reports for a filter that SIGPIPE ended
 _FORWARD_S = 0.3  # before MPI_Abort: time for the launcher to relay the last line
 T = TypeVar("T")
 
@@ -45,10 +49,11 @@ def world_size() -> int:
     return MPI.COMM_WORLD.Get_size()
 
 
-def abort_job(message: str, code: int) -> None:
-    """Print ``message`` to stderr and end every rank of the job with ``code``."""
+def abort_job(message: str | None, code: int) -> None:
+    """Print ``message`` (if any) to stderr and end every rank of the job with ``code``."""
     sys.stdout.flush()
-    print(message, file=sys.stderr, flush=True)
+    if message is not None:
+        print(message, file=sys.stderr, flush=True)
     if world_size() > 1:
         time.sleep(_FORWARD_S)
         MPI.COMM_WORLD.Abort(code)
@@ -113,6 +118,14 @@ def _end_agreed(exc: AgreedError) -> None:
     sys.exit(USER_ERROR)
 
 
+def _stdout_gone() -> bool:
+    """Whether stdout is a pipe or socket whose reader has left (``poll`` reports an
+    error on it), so that a broken pipe elsewhere still counts as a bug."""
+    poller = select.poll()
+    poller.register(sys.stdout.fileno(), select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
+
 def run_guarded(body: Callable[[], T]) -> T:
     """Run ``body``; on an exception on this rank, end the whole job (see module doc)."""
     try:
@@ -126,6 +139,9 @@ def run_guarded(body: Callable[[], T]) -> T:
     except SystemExit:
         raise
     except BaseException as exc:  # noqa: BLE001 - any bug must abort the job, not hang it
+        if isinstance(exc, BrokenPipeError) and _stdout_gone():  # nothing left to print to
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            abort_job(None, BROKEN_PIPE)
         text = "".join(traceback.format_exception(exc))
         abort_job(f"hpctrain: rank {world_rank()} failed, aborting the job:\n{text}", 1)
     raise AssertionError("unreachable")
