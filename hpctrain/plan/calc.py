@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -177,6 +178,10 @@ def _value(inp: Input, raw: Any) -> Any:
     value = parse_quantity(raw, inp.kind, inp.flag, inp.bare)
     if value < 0:
         raise ConfigError(f"{inp.flag}: must not be negative, got {raw!r}")
+    if inp.kind == "count":  # the formulas take int(): 2.5 must not become 2, nor 4.1M 4099999
+        if not (math.isfinite(value) and math.isclose(value, round(value), rel_tol=1e-9)):
+            raise ConfigError(f"{inp.flag}: must be a whole number, got {raw!r}")
+        value = float(round(value))
     return value
 
 

@@ -109,6 +109,8 @@ def test_embedding_memory(capsys):
     assert out["weights_bytes"] == 64e6 and out["optimizer_bytes"] == 4e6
     adam = calc(capsys, "embedding-memory", "--rows", "10", "--dim", "16", "--optimizer", "adam")
     assert adam["optimizer_bytes"] == 10 * 33 * 4
+    assert calc(capsys, "embedding-memory", "--rows", "4.1M", "--dim", "16")[
+        "weights_bytes"] == 4_100_000 * 16 * 4  # float("4.1") * 1e6 is 4099999.9999999995
 
 
 @pytest.mark.parametrize(("text", "kind", "value"), [
@@ -145,6 +147,35 @@ def test_bad_input_one_line_exit_2(capsys, args):
     # the command's own checks say it as every hpctrain command does; argparse names it
     by_argparse = args in (["bubble", "--stages", "4"], ["nosuch"])
     assert err.startswith("hpctrain plan calc" if by_argparse else "hpctrain: error: ")
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["young-daly", "--write-minutes", "5"], "young-daly: give --mtbf-hours, or --gpus"),
+    (["zero", "--params", "7B", "--stage", "1", "--dp", "8", "--bytes-per-param", "2,2"],
+     "--bytes-per-param: expected WEIGHTS,GRADIENTS,OPTIMIZER bytes (e.g. 2,2,12), got '2,2'"),
+    (["embedding-memory", "--rows", "10", "--dim", "4", "--optimizer", "rmsprop"],
+     "--optimizer: one of sgd, adagrad, adam, got 'rmsprop'"),
+    (["allreduce", "--bytes=-1MB", "--ranks", "8", "--latency", "2us", "--bandwidth", "1GB/s"],
+     "--bytes: must not be negative, got '-1MB'"),
+    (["allreduce", "--bytes", "1MB", "--ranks", "8", "--latency", "2us", "--bandwidth", "0"],
+     "--bandwidth: must be > 0, got 0"),
+    (["zero", "--params", "7B", "--stage", "1", "--dp", "0"],
+     "--dp: must be a whole number >= 1, got 0"),
+    (["zero", "--params", "7B", "--stage", "1", "--dp", "2.5"],
+     "--dp: must be a whole number, got '2.5'"),
+    (["zero", "--params", "7B", "--stage", "5", "--dp", "8"],
+     "--stage: ZeRO stages are 0, 1, 2 and 3, got 5"),
+    (["dp-efficiency", "--grad-bytes", "1GB", "--bandwidth", "10GB/s", "--compute-ms", "200",
+      "--overlap", "150%"], "--overlap: a fraction in [0, 1], got 1.5"),
+    (["mtbf", "--nodes", "10", "--node-hour-survival", "1.5"],
+     "--node-hour-survival: a probability in (0, 1), got 1.5"),
+])
+def test_bad_values_name_the_flag(capsys, args, words):
+    """A count is not truncated (``--dp 2.5`` is not computed as 2): like every value it is
+    refused with one line naming the flag."""
+    assert main(["calc", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and words in err, err
 
 
 def test_registered_in_hpctrain_cli():
