@@ -3,6 +3,7 @@
 import json
 import sys
 
+import pytest
 from harness import run_mpi
 
 HPCTRAIN = [sys.executable, "-m", "hpctrain.cli"]
@@ -46,3 +47,32 @@ def test_bench_data_compares_the_text_reader_with_its_hdf5_file(tmp_path):
     assert got[0]["vs_text"] == 1.0
     wrong = run_mpi([*HPCTRAIN, "bench", "data", "--hdf5", str(out)], ranks=1, timeout=60)
     assert wrong.returncode == 2 and "data.source must be 'criteo'" in wrong.stdout
+
+
+def test_bench_flags_that_measure_nothing_are_refused_before_measuring(tmp_path):
+    """Zero steps, rounds, batches or passes measure nothing (or end in a traceback); an
+    HDF5 file of other data would time other reads than the text's."""
+    import argparse
+    import dataclasses
+
+    from mpi4py import MPI
+
+    from hpctrain.bench import data, dlrm
+    from hpctrain.config import load_config
+    from hpctrain.data.preprocess import preprocess
+    from hpctrain.errors import ConfigError
+    from hpctrain.runtime.world import build_topology
+
+    config = load_config(env={})
+    with pytest.raises(ConfigError, match="bench dlrm: --steps, --rounds and --batch-sizes "
+                                          "must be >= 1"):
+        dlrm.run(argparse.Namespace(steps=0, rounds=1, batch_sizes=[16]), config,
+                 build_topology(config, MPI.COMM_SELF))
+    text = load_config("jobs/configs/criteo_sample.toml", env={})
+    with pytest.raises(ConfigError, match="bench data: --batch and --passes must be >= 1"):
+        data.run(argparse.Namespace(batch=16, passes=0, hdf5="unread.h5"), text)
+    other = tmp_path / "half.h5"
+    preprocess(dataclasses.replace(text.data, eval_fraction=0.5), str(other))
+    with pytest.raises(ConfigError, match=r"half.h5: holds 100 training samples, the job's text "
+                                          r"files 180: not the same data"):
+        data.run(argparse.Namespace(batch=16, passes=1, hdf5=str(other)), text)

@@ -6,6 +6,9 @@ import sys
 import pytest
 from harness import run_mpi
 
+from hpctrain.bench.pipeline import PipelineBench
+from hpctrain.errors import ConfigError
+
 HPCTRAIN = [sys.executable, "-m", "hpctrain.cli"]
 PIPELINE_JOB = "jobs/configs/pipeline_pp2_dp2.toml"
 
@@ -73,3 +76,15 @@ def test_bench_pipeline_needs_enough_workers():
     result = run_mpi([*HPCTRAIN, "bench", "pipeline", "--p", "4"], ranks=2, timeout=60)
     assert result.returncode == 2
     assert "p = 4 stages need as many workers, the job has 2" in result.stdout
+
+
+@pytest.mark.parametrize(("bench", "words"), [
+    (PipelineBench(stages=(2, 4), layers=3), r"p = \[2, 4\] must lie in \[1, --layers = 3\]"),
+    (PipelineBench(stages=(0, 2)), r"p = \[0, 2\] must lie in \[1, --layers = 8\]"),
+    (PipelineBench(micro_batches=(0, 4)), "--m, --repeats and --micro-batch must be >= 1"),
+    (PipelineBench(repeats=0), "--m, --repeats and --micro-batch must be >= 1"),
+])
+def test_bench_pipeline_flags_are_checked_before_any_message(bench, words):
+    """Each rank checks alone, so a bad flag is the same error everywhere, not a hang."""
+    with pytest.raises(ConfigError, match=words):
+        bench.check(4)

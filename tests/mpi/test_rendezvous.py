@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
+from hpctrain.errors import CommError
 from hpctrain.runtime.torchdist import LOOPBACK, Rendezvous, listen_address
 
 WORLD = MPI.COMM_WORLD
@@ -32,6 +33,17 @@ def test_listen_address_follows_the_hosts():
     assert listen_address(["a", "a", "a"], "10.0.0.9") == LOOPBACK
     assert listen_address(["a", "b"], "10.0.0.9") == "10.0.0.9"
     assert listen_address(["localhost", "b"], None) == socket.gethostbyname("localhost")
+
+
+def test_an_unresolvable_first_host_asks_for_master_addr(monkeypatch):
+    """Hosts that share no name service: the error says how to give the address instead."""
+    def unknown(host):
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "gethostbyname", unknown)
+    with pytest.raises(CommError, match=r"cannot resolve host 'a' .*; set MASTER_ADDR to its "
+                                        r"address"):
+        listen_address(["a", "b"], None)
 
 
 @pytest.mark.mpi(ranks=(2, 3))

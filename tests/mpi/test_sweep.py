@@ -40,6 +40,16 @@ ranks = 1
     ('[grid]\n', ":1: grid", "empty grid: no key to vary"),
     ('[sweep]\nranks = 3\n[grid]\n"ps.servers" = [3]\n', ":4: ps.servers", "leaves no worker"),
     ('[sweep]\nrepeats = 3\n', ": points", "nothing to sweep"),
+    ('[grid\n', ": invalid TOML", "invalid TOML"),
+    ('[gird]\n"train.lr" = [0.1]\n', ":1: gird", "unknown table; a sweep file has grid"),
+    ('[sweep]\nrepeat = 2\n', ":2: repeat", "unknown key of [sweep]; keys are job"),
+    ('[sweep]\nrepeats = 0\n', ":2: repeats", "expected an integer >= 1, got 0"),
+    ('[sweep]\njob = 3\n', ":2: job", "expected a path, got 3"),
+    ('[grid]\n"train.lr" = [0.1]\n[[points]]\n"train.lr" = 0.2\n', ":3: points",
+     "give a [grid] or [[points]], not both"),
+    ('[grid]\n"world.ranks" = [0]\n', ":2: world.ranks", "expected an integer >= 1, got 0"),
+    ('[grid]\n"parallel.pp" = [2]\n"ps.servers" = [1]\n', ":2: parallel.pp",
+     "this point does not make a valid job: parallel.tp/pp > 1 keeps the tables"),
 ])
 def test_a_bad_sweep_file_is_one_line_naming_file_line_and_key(tmp_path, capsys, body, where,
                                                                words):
@@ -48,6 +58,30 @@ def test_a_bad_sweep_file_is_one_line_naming_file_line_and_key(tmp_path, capsys,
     assert main(["sweep", str(path), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"{path}{where}" in err[0] and words in err[0], err
+
+
+def test_sweep_commands_without_their_files_are_one_line(tmp_path, capsys, monkeypatch):
+    """What an array task or a local run needs is named when it is not there, before any
+    launch."""
+    sweep_file = tmp_path / "s.toml"
+    sweep_file.write_text('[sweep]\nranks = 1\n[grid]\n"train.lr" = [0.05, 0.1]\n')
+    out = tmp_path / "out"
+    assert main(["sweep", str(sweep_file), "--out", str(out)]) == 0
+    capsys.readouterr()
+    monkeypatch.setenv("PATH", str(tmp_path))
+    for argv, words in (
+            ([str(tmp_path / "nope.toml"), "--out", str(out)],
+             "nope.toml: cannot read the sweep file"),
+            ([str(sweep_file)], "hpctrain sweep: give SWEEP.toml --out DIR, --run DIR or --task"),
+            (["--run", str(tmp_path)], f"{tmp_path}: no sweep.json (write it with hpctrain "
+                                       f"sweep SWEEP.toml --out {tmp_path})"),
+            (["--task", str(out), "2", "0"], "tasks-2.txt: no such task list"),
+            (["--task", str(out), "1", "5"], "tasks-1.txt: task 5 out of range (0-1)"),
+            (["--task", str(out), "1", "0", "--launcher", "srun"],
+             "--launcher srun: not found on PATH")):
+        assert main(["sweep", *argv]) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0], err
 
 
 def test_shipped_sweep_expands_to_interleaved_seeded_runs(tmp_path):

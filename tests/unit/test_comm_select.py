@@ -161,6 +161,18 @@ def test_calibration_file_round_trip_and_errors(tmp_path):
         calibration.read_params(path)
 
 
+def test_a_job_naming_a_bad_calibration_file_names_the_key(tmp_path):
+    """The file is read when the job's groups are made, far from the key that named it."""
+    from mpi4py import MPI
+
+    from hpctrain.comm.group import Group
+
+    missing = tmp_path / "missing.json"
+    with pytest.raises(CommError, match=r"^comm.calibration: .*missing.json: cannot read the "
+                                        r"calibration file"):
+        Group(MPI.COMM_SELF, CommConfig(calibration=str(missing)))
+
+
 def test_fit_recovers_alpha_and_beta():
     def time(nbytes: float) -> float:
         return 2e-6 * 3 + 4e-10 * nbytes

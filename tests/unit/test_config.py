@@ -24,6 +24,7 @@ def test_defaults_are_the_embedded_job():
     ("train.optimizer=rmsprop", ["train.optimizer", "'sgd', 'adagrad', 'adam'"]),
     ("train.lr=nan", ["train.lr", "nan"]),
     ("data.table_sizes=[3, 0]", ["data.table_sizes[1]", ">= 1"]),
+    ("data.table_sizes=5", ["data.table_sizes", "expected a list of int, got 5"]),
     ("data.eval_fraction=0.95", ["data.eval_fraction", "[0.0, 0.9]"]),
     ("model.top_mlp=[8, 2]", ["model.top_mlp", "must be 1"]),
     ("model.bottom_mlp=[8, 4]", ["model.bottom_mlp", "embedding_dim=16"]),
@@ -50,6 +51,9 @@ def test_file_errors_name_file_and_line(tmp_path):
         load_config(job)
     with pytest.raises(ConfigError, match="cannot read the job file"):
         load_config(tmp_path / "missing.toml")
+    job.write_bytes(b"[train]\nlr = 0.1  # \xff\n")
+    with pytest.raises(ConfigError, match="job.toml: not a UTF-8 text file"):
+        load_config(job)
     job.write_text("train = 3\n")
     with pytest.raises(ConfigError, match="must be a table"):
         load_config(job)
@@ -69,6 +73,13 @@ def test_bad_environment_names_the_variable(env, words):
         load_config(env=env)
     for word in words:
         assert word in str(info.value)
+
+
+def test_a_key_below_a_value_is_refused():
+    """``--set train.lr.x=1`` after ``train.lr`` has a value cannot be merged into the job."""
+    with pytest.raises(ConfigError, match=r"^--set train.lr.x: key 'train.lr.x' nests inside "
+                                          r"a value$"):
+        load_config(overrides=["train.lr=0.5", "train.lr.x=1"], env={})
 
 
 def test_unknown_key_in_a_file_names_file_and_line(tmp_path):

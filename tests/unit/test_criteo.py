@@ -204,6 +204,19 @@ def test_bad_arguments():
         data.num_samples("test")
 
 
+def test_a_file_changed_or_removed_after_indexing_is_named(tmp_path):
+    """Lines are read by the offsets of the first scan: a file rewritten since (or gone)
+    must fail naming it, not return other samples."""
+    path = write(tmp_path / "day.txt", LINES[:8])
+    data = CriteoText([path], SIZES, eval_fraction=0)
+    write(tmp_path / "day.txt", LINES[:4])
+    with pytest.raises(DataError, match=r"day.txt: the file changed since it was indexed"):
+        data.read("train", 0, 8)
+    (tmp_path / "day.txt").unlink()
+    with pytest.raises(DataError, match=r"day.txt: cannot read \(No such file or directory\)"):
+        data.read("train", 0, 8)
+
+
 def test_file_cut_mid_line(tmp_path):
     """A truncated file: its last line fails the field count (and is skipped in skip mode)."""
     path = str(tmp_path / "cut.txt")

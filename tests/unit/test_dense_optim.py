@@ -168,6 +168,8 @@ def test_table_optimizer_pairs():
     (["train.optimizer='adam'", "train.momentum=0.9"], ["train.momentum"]),
     (["train.optimizer='sgd'", "train.nesterov=true"], ["train.nesterov"]),
     (["train.optimizer='sgd'", "train.eps=1e-6"], ["train.betas/train.eps"]),
+    (["train.optimizer='adam'", "train.betas=[0.9]"],
+     ["train.betas: expected two values", "[0.9]"]),
     (["train.lr_base_batch=256"], ["train.lr_base_batch"]),
     (["train.optimizer='lars'", "parallel.tp=2"], ["train.optimizer", "tp"]),
     (["train.clip_norm=1.0", "parallel.pp=2"], ["train.clip_norm"]),

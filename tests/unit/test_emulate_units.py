@@ -67,6 +67,22 @@ def test_a_job_where_nothing_would_be_delayed_is_warned_about():
     assert "torch.distributed" in note
 
 
+def test_bench_emulate_refuses_a_job_where_nothing_is_delayed():
+    """One emulated node: the emulated and plain runs would be the same measurement."""
+    import argparse
+
+    from mpi4py import MPI
+
+    from hpctrain.bench import emulate
+    from hpctrain.runtime.world import build_topology
+
+    one_node = load_config(overrides=["comm.emulate='20,10'", "comm.node_size=1"], env={})
+    with pytest.raises(ConfigError, match=r"bench emulate: comm.emulate = '20,10' with "
+                                          r"comm.node_size = 1 delays nothing"):
+        emulate.run(argparse.Namespace(sizes=[1024], reps=1),
+                    build_topology(one_node, MPI.COMM_SELF))
+
+
 def test_a_job_spanning_real_nodes_cannot_emulate_a_network():
     """Send and arrival times are compared on one machine's clock."""
     check_emulation_fits("20,10", 4, 4)

@@ -126,6 +126,8 @@ def test_not_hdf5_and_missing(tmp_path):
      "/train/dense has shape (180, 12), expected (n, 13)"),
     (lambda f: (f.__delitem__("train/labels"), f.create_dataset("train/labels", (179,), "u1")),
      "disagree on the sample count"),
+    (lambda f: (f.__delitem__("train/dense"), f.create_dataset("train/dense", (180, 13), "i4")),
+     "/train/dense has dtype int32, not a float type"),
     (lambda f: f.attrs.__setitem__("version", 7), "version 7 is not supported"),
     (lambda f: f.attrs.__setitem__("table_sizes", [4, 0]), "table_sizes must list positive"),
 ])
@@ -135,6 +137,15 @@ def test_damaged_layout(written, damage, what):
     with pytest.raises(DataError) as err:
         HDF5Dataset(written)
     assert str(err.value).startswith(written) and what in str(err.value)
+
+
+def test_hdf5_source_reads_exactly_one_file(written):
+    """One preprocessed file holds both splits; a second one would be silently ignored."""
+    from hpctrain.data import open_dataset
+
+    with pytest.raises(ConfigError, match=r"data.paths: data.source = 'hdf5' reads one file "
+                                          r"from `hpctrain preprocess`, got 2"):
+        open_dataset(DataConfig(source="hdf5", paths=(written, written + ".2")))
 
 
 def test_id_outside_table(written):

@@ -266,6 +266,12 @@ def test_tiering_needs_servers_and_zero_is_off():
     assert load_config(overrides=["ps.servers=1", "tiering.budget=7"]).tiering.budget == 7.0
 
 
+def test_tiering_needs_hybrid_mode():
+    """The hot tier's counts ride in the dense allreduce, which full mode does not run."""
+    with pytest.raises(ConfigError, match=r"tiering.budget > 0 needs ps.mode = 'hybrid'"):
+        load_config(overrides=["ps.servers=1", "ps.mode='full'", "tiering.budget=0.1"])
+
+
 @settings(max_examples=30, deadline=None)
 @given(st.lists(st.lists(st.integers(0, 199), max_size=40), min_size=1, max_size=8),
        st.integers(1, 50))

@@ -199,6 +199,13 @@ def test_cluster_file(tmp_path):
     ('memory_per_rank = "-4GiB"\n', "memory_per_rank must be > 0"),
     ("[device]\nspeed = 1\n", "unknown key 'device.speed'"),
     ('[inter]\nlatency = "fast"\n', "inter.latency: expected a seconds"),
+    ("[inter]\nlatency = true\n", "inter.latency: expected a seconds quantity, got True"),
+    ("nodes = [\n", "invalid TOML"),
+    ("intra = 3\n", r"intra must be a table \[intra\]"),
+    ("nodes = 1.5\n", "nodes must be a whole number, got 1.5"),
+    ("calibration = 3\n", "calibration must be a file name, got 3"),
+    ('memory_per_rank = "1GiB"\nbase_memory = "2GiB"\n',
+     r"base_memory \(2048 MiB\) leaves nothing of memory_per_rank \(1024 MiB\)"),
 ])
 def test_cluster_file_errors(tmp_path, text, match):
     path = tmp_path / "bad.toml"
@@ -206,6 +213,23 @@ def test_cluster_file_errors(tmp_path, text, match):
     with pytest.raises(ConfigError, match=match) as err:
         load_cluster(path, device=DEVICE)
     assert str(path) in str(err.value)
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["--cluster", "{missing}"], "missing.toml: cannot read the cluster file"),
+    (["--cluster", "{cluster}", "--nodes", "2"],
+     "--cluster: give the sizes in the file, not also --nodes"),
+    (["--nodes", "0"], "--nodes: must be >= 1, got 0"),
+    (["--ranks-per-node", "0"], "--ranks-per-node: must be >= 1, got 0"),
+])
+def test_cluster_flags_that_cannot_work_are_one_line(tmp_path, capsys, argv, words):
+    """Sizes come from the cluster file or from the flags, never half from each."""
+    cluster = tmp_path / "c.toml"
+    cluster.write_text("nodes = 2\n")
+    argv = [a.format(missing=tmp_path / "missing.toml", cluster=cluster) for a in argv]
+    assert main(["jobs/configs/default.toml", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and words in err, err
 
 
 def test_plan_command(tmp_path, capsys):

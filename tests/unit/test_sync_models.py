@@ -2,7 +2,7 @@ import pytest
 
 from hpctrain.config import load_config
 from hpctrain.errors import ConfigError
-from hpctrain.experiments.compare import straggler_overrides
+from hpctrain.experiments.compare import compare_sync, straggler_overrides
 from hpctrain.sync.asp import ASP
 from hpctrain.sync.bsp import BSP
 from hpctrain.sync.models import parse_model, parse_models, table_models
@@ -67,6 +67,15 @@ def test_straggler_flags():
                                                        "sync.slow_factor=4.0"]
     with pytest.raises(ConfigError, match="--stragglers"):
         straggler_overrides("transient:often:3")
+
+
+def test_repeated_comparisons_of_a_real_data_job_need_an_evaluation_cadence():
+    """Repeats compare held-out curves; a text job has no sample count to space them by."""
+    config = load_config(overrides=["data.source='criteo'", "data.paths=['day_0.txt']"],
+                         env={})
+    with pytest.raises(ConfigError, match=r"compare-sync --repeats > 1 needs train.eval_every "
+                                          r"or train.steps for a non-synthetic job"):
+        compare_sync(config, None, "bsp,asp", "never", None, repeats=2)
 
 
 def test_ssp_learning_rate_rule():

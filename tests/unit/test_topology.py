@@ -28,6 +28,32 @@ def test_too_many_servers_is_a_config_error():
         assign_roles(2, 2)
 
 
+def test_full_mode_without_servers_is_a_config_error():
+    """Full mode keeps the dense parameters on the servers: without one nothing holds them."""
+    from mpi4py import MPI
+
+    from hpctrain.config import load_config
+    from hpctrain.runtime.world import build_topology
+
+    with pytest.raises(ConfigError, match=r"ps.mode = 'full' keeps the dense parameters on the "
+                                          r"servers: set ps.servers >= 1"):
+        build_topology(load_config(overrides=["ps.mode='full'"], env={}), MPI.COMM_SELF)
+
+
+def test_asking_for_cuda_where_torch_sees_none_is_a_config_error(monkeypatch):
+    """runtime.device = 'cuda' is a demand, unlike auto: no silent fallback to the CPU."""
+    import torch
+    from mpi4py import MPI
+
+    from hpctrain.config import load_config
+    from hpctrain.runtime.world import build_topology
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"runtime.device = 'cuda' but torch sees no CUDA "
+                                          r"device on this node"):
+        build_topology(load_config(overrides=["runtime.device='cuda'"], env={}), MPI.COMM_SELF)
+
+
 @given(st.integers(0, 10_000), st.integers(1, 64))
 def test_shards_cover_the_range_once_and_balance(n, parts):
     ranges = [shard_range(n, parts, i) for i in range(parts)]

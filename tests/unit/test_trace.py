@@ -110,3 +110,15 @@ def test_a_file_that_is_no_trace_is_a_config_error(tmp_path):
     path.write_text("{not json")
     with pytest.raises(ConfigError, match="bad.json"):
         load_events(path)
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ('{"events": []}', "t.json: no traceEvents list"),
+    ('{"traceEvents": [{"ph": "X", "ts": 1}]}', r"t.json: a complete event lacks ts/dur \('dur'\)"),
+])
+def test_json_that_is_no_timeline_is_a_config_error(tmp_path, text, words):
+    """Valid JSON from another tool: what is missing is named, not a KeyError."""
+    path = tmp_path / "t.json"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=words):
+        load_events(path)

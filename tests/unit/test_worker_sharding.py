@@ -60,6 +60,7 @@ def test_table_row_wise_needs_equal_nodes():
     (['embeddings.mode="alltoall"', "ps.servers=1"], "need mode 'ps'"),
     (['embeddings.sharding="row_wise"'], "applies to embeddings.mode = 'alltoall' only"),
     (['embeddings.mode="alltoall"', "parallel.tp=2"], "does not combine"),
+    (["parallel.pp=2", "ps.servers=1"], "keeps the tables on pipeline stage 0"),
 ])
 def test_inconsistent_layouts_are_one_line_errors(overrides, message):
     with pytest.raises(ConfigError, match=message):
