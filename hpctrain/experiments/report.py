@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -93,8 +94,9 @@ def build_report(runs: list[Run], metric: str = "heldout", target: float | None 
             group["vs_baseline"] = {m: _compare(group, base, m) for m in METRICS}
     warnings += [f"group {g['name']}: {g['n']} run(s); fewer than 3 give a weak interval"
                  for g in groups if g["n"] < 3]
-    warnings += [f"{r.path} was resumed: its clock restarted at the resume, so its times to "
-                 f"target and samples/s do not compare" for r in done if r.meta.get("resumes")]
+    warnings += [f"{r.path} was resumed from a checkpoint that did not save the run's clock: "
+                 f"its curve restarts at the resume, so its times and samples to target do "
+                 f"not compare" for r in done if _clock_restarted(r)]
     return {"metric": metric, "target_loss": target, "target_source": target_source,
             "level": stats.LEVEL, "mean_interval": stats.MEAN_METHOD,
             "ratio_interval": stats.RATIO_METHOD, "baseline": base["name"],
@@ -122,6 +124,13 @@ def _text(value: Any) -> str:
     if isinstance(value, tuple):
         return "[" + ",".join(map(_text, value)) + "]"
     return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _clock_restarted(run: Run) -> bool:
+    """Whether the run's records go back in time: a resume from a checkpoint written before
+    hpctrain saved the run's clock and sample count started both from zero again."""
+    times = [r["time_s"] for r in run.records if "time_s" in r]
+    return any(later < earlier for earlier, later in itertools.pairwise(times))
 
 
 def _curve(run: Run, metric: str) -> list[tuple[float, float, float]]:

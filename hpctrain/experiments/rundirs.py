@@ -66,12 +66,16 @@ def read_run(path: Path) -> Run:
     records = []
     metrics = path / "metrics.jsonl"
     if metrics.exists():
-        for number, line in enumerate(metrics.read_text(encoding="utf-8").splitlines(), 1):
+        text = metrics.read_text(encoding="utf-8")
+        lines = text.splitlines()
+        for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
             try:
                 records.append(json.loads(line))
-            except ValueError:  # a line cut by a crash ends the readable curve
+            except ValueError:
+                if number == len(lines) and not text.endswith("\n"):
+                    break  # the last record, cut short by a crash: the curve ends before it
                 raise ConfigError(f"{metrics}:{number}: not a JSON record") from None
     meta = _json(path / "meta.json") if (path / "meta.json").exists() else {}
     if "ranks" in meta.get("world", {}):

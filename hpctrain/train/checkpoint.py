@@ -68,6 +68,12 @@ class Manifest:
     files: list[FileEntry] = field(default_factory=list)
     plan_json: str = ""
     created: float = 0.0
+    clock_s: float | None = None
+    """The run's clock at the save (training seconds, evaluations and checkpoint writes left
+    out), so that a resumed run's curve goes on from it; None in checkpoints written before
+    hpctrain saved it."""
+    samples: int | None = None
+    """Samples trained by the save (over all workers); None as for ``clock_s``."""
     path: str = ""  # where it was read from (not stored)
 
     def file(self, name: str) -> FileEntry | None:
@@ -146,6 +152,9 @@ def write_manifest(folder: Path, manifest: Manifest) -> None:
         f.attrs["created"] = time.time()
         f.attrs["config_toml"] = manifest.config_toml
         f.attrs["plan_json"] = manifest.plan_json
+        if manifest.clock_s is not None and manifest.samples is not None:
+            f.attrs["clock_s"] = manifest.clock_s
+            f.attrs["samples"] = manifest.samples
         shape = f.create_group("shape")
         for key, value in manifest.shape.items():
             shape.attrs[key] = value
@@ -174,6 +183,8 @@ def read_manifest(folder: Path, verify: bool = True) -> Manifest:
                 step=int(f.attrs["step"]), config_toml=str(f.attrs["config_toml"]),
                 workers=int(f.attrs["workers"]), servers=int(f.attrs["servers"]),
                 plan_json=str(f.attrs["plan_json"]), created=float(f.attrs["created"]),
+                clock_s=float(f.attrs["clock_s"]) if "clock_s" in f.attrs else None,
+                samples=int(f.attrs["samples"]) if "samples" in f.attrs else None,
                 shape={k: str(v) for k, v in f["shape"].attrs.items()},
                 files=[FileEntry(name, int(g.attrs["bytes"]), str(g.attrs["sha256"]),
                                  int(g.attrs["rows"])) for name, g in f["files"].items()],

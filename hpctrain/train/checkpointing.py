@@ -262,6 +262,7 @@ def server_hooks(world: MPI.Intracomm, run_dir: str, keep: int, layout: TableLay
 
 
 def new_manifest(config: JobConfig, layout: TableLayout, step: int, workers: int,
-                 servers: int, plan_json: str) -> ckpt.Manifest:
+                 servers: int, plan_json: str, clock_s: float, samples: int) -> ckpt.Manifest:
     return ckpt.Manifest(step=step, config_toml=dump_toml(config), workers=workers,
-                         servers=servers, shape=shape_of(config, layout), plan_json=plan_json)
+                         servers=servers, shape=shape_of(config, layout), plan_json=plan_json,
+                         clock_s=clock_s, samples=samples)

@@ -1,7 +1,8 @@
 """The run directory: the resolved config, per-step metrics, the final summary (rank 0 writes).
 
 Files are replaced atomically (temporary file, then rename) so a crash never leaves a
-half-written summary; ``metrics.jsonl`` is append-only, one JSON object per line.
+half-written summary; ``metrics.jsonl`` is append-only, one JSON object per line, except
+that a resumed run first drops the records of the steps after its checkpoint.
 
 A run directory belongs to one run (:func:`claim`): a new run refuses a directory that holds
 another run's files unless it resumes it, so a reused name never overwrites a config, appends
@@ -13,6 +14,7 @@ are some, and a random suffix, so array tasks started in the same second never s
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import time
@@ -23,6 +25,8 @@ from hpctrain.config import JobConfig, dump_toml
 from hpctrain.errors import ConfigError
 
 __all__ = ["RunDir", "default_run_dir", "claim", "RUN_FILES", "write_text_atomic"]
+
+log = logging.getLogger(__name__)
 
 RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "plan.json", "checkpoints")
 """What marks a directory as holding a run."""
@@ -40,6 +44,14 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def _step_of(line: str) -> int | None:
+    """The step of a metrics.jsonl line (None for a line that is not a record)."""
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def default_run_dir(env: dict[str, str] | None = None) -> str:
@@ -77,15 +89,33 @@ def _make(folder: Path) -> None:
 
 
 class RunDir:
-    def __init__(self, path: str, config: JobConfig) -> None:
+    def __init__(self, path: str, config: JobConfig, resumed_at: int | None = None) -> None:
+        """``resumed_at``: the step of the checkpoint a resumed run starts from."""
         self.path = Path(path)
         _make(self.path)
         try:
             self.write_text("config.toml", dump_toml(config))
+            if resumed_at is not None:
+                self._keep_through(resumed_at)
             self._metrics = open(self.path / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115
         except OSError as exc:
             raise ConfigError(f"train.run_dir = {str(path)!r}: cannot write there "
                               f"({exc.strerror})") from None
+
+    def _keep_through(self, step: int) -> None:
+        """Keep the records of steps up to ``step`` only: the run goes on from its checkpoint
+        there, so records logged after it (before a crash or a kill) would repeat their steps,
+        and a line the crash cut short would end the readable curve."""
+        path = self.path / "metrics.jsonl"
+        if not path.exists():
+            return
+        lines = path.read_text(encoding="utf-8").splitlines()
+        kept = [line for line, at in zip(lines, map(_step_of, lines), strict=True)
+                if at is not None and at <= step]
+        if len(kept) < len(lines):
+            log.info("metrics.jsonl: %d record(s) after step %d dropped (the run goes on "
+                     "from its checkpoint there)", len(lines) - len(kept), step)
+            write_text_atomic(path, "".join(f"{line}\n" for line in kept))
 
     def log(self, record: dict[str, Any]) -> None:
         self._metrics.write(json.dumps(record) + "\n")

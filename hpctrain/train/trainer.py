@@ -80,7 +80,8 @@ class Trainer:
         self.layout = layout or TableLayout.from_sizes(self.dataset.table_sizes,
                                                        config.model.embedding_dim)
         self.steps = step_count(config, self.dataset)
-        self.run = (RunDir(config.train.run_dir or default_run_dir(), config)
+        self.run = (RunDir(config.train.run_dir or default_run_dir(), config,
+                           manifest.step if manifest is not None else None)
                     if self.comm.Get_rank() == 0 else None)
         self.phase_s: dict[str, float] = defaultdict(float)
         # SIGTERM/SIGUSR1: stop at an agreed step, resumable
@@ -101,6 +102,11 @@ class Trainer:
             self.run.write_text("plan.json", self.parts.plan_json)
         self.prefetch = self.parts.announce
         self.start_step = manifest.step if manifest is not None else 0
+        # where the run's clock and sample count stood at the checkpoint: the curve in
+        # metrics.jsonl goes on from them (the summary is this launch's own); from zero
+        # after a checkpoint that did not save them, which `hpctrain report` then flags
+        self.resumed_at = (manifest.clock_s, manifest.samples) if manifest is not None and \
+            manifest.clock_s is not None and manifest.samples is not None else (0.0, 0)
 
     # -- reading the state back (tests, tools) ---------------------------------------------
 
@@ -146,9 +152,10 @@ class Trainer:
 
     # -- checkpoints -----------------------------------------------------------------------
 
-    def save_checkpoint(self, step: int) -> None:
-        """Checkpoint after ``step`` completed steps; collective over the world (the servers
-        join through their ``SAVE`` hook)."""
+    def save_checkpoint(self, step: int, clock_s: float, samples: int) -> None:
+        """Checkpoint after ``step`` completed steps, the run's clock at ``clock_s`` and
+        ``samples`` trained; collective over the world (the servers join through their
+        ``SAVE`` hook)."""
         started = time.perf_counter()
         folder = ckpt.step_dir(self.config.train.run_dir, step)
         out = RowFiles(folder, lead=self.comm.Get_rank() == 0)
@@ -158,7 +165,7 @@ class Trainer:
         if self.topo.rank == 0:
             manifest = checkpointing.new_manifest(
                 self.config, self.parts.served, step, self.topo.workers,
-                self.topo.roles.servers, self.parts.plan_json)
+                self.topo.roles.servers, self.parts.plan_json, clock_s, samples)
         checkpointing.commit(self.topo.world, folder, files + out.files, manifest,
                              self.config.checkpoint.keep)
         ended = time.perf_counter()
@@ -335,6 +342,7 @@ class Trainer:
         tc = self.config.train
         run = self.run
         summary = Summary(run_dir=str(run.path) if run else "")
+        clock_s, samples_before = self.resumed_at
         bar = tqdm(total=self.steps, unit="step", disable=not (run and tc.progress))
         batches, ahead = self.micro_batches(), []
         window_loss, window_n = 0.0, 0
@@ -349,17 +357,20 @@ class Trainer:
             if run and (done % tc.log_every == 0 or done == self.steps):
                 summary.train_loss = window_loss / window_n if window_n else float("nan")
                 elapsed = time.perf_counter() - start - self.paused_s
-                run.log({"step": done, "samples": summary.samples, "time_s": elapsed,
-                         "train_loss": summary.train_loss, "lr": self.learning_rate(step),
+                run.log({"step": done, "samples": samples_before + summary.samples,
+                         "time_s": clock_s + elapsed, "train_loss": summary.train_loss,
+                         "lr": self.learning_rate(step),
                          "samples_per_s": summary.samples / elapsed})
                 bar.set_postfix(loss=f"{summary.train_loss:.4f}")
                 window_loss, window_n = 0.0, 0
             if tc.eval_every and (done % tc.eval_every == 0 or done == self.steps):
-                self._log_heldout(done, summary.samples, time.perf_counter() - start)
+                self._log_heldout(done, samples_before + summary.samples,
+                                  clock_s + time.perf_counter() - start)
             agreed = self.preemption.after_step(self.comm, self.cadence.time_due())
             stop = agreed.stop and done < self.steps
             if self.cadence.due(done, final=done == self.steps) or agreed.save or stop:
-                self.save_checkpoint(done)
+                self.save_checkpoint(done, clock_s + time.perf_counter() - start -
+                                     self.paused_s, samples_before + summary.samples)
             if stop:
                 summary.stopped_at = done
                 break

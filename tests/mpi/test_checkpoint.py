@@ -73,9 +73,26 @@ def assert_identical(a: dict, b: dict) -> None:
         np.testing.assert_array_equal(a[key], b[key], err_msg=key)
 
 
+def training_curve(run_dir: Path) -> list[tuple[int, int, float]]:
+    """(step, samples, time_s) of the training records in ``run_dir``'s metrics.jsonl."""
+    records = map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+    return [(r["step"], r["samples"], r["time_s"]) for r in records if "train_loss" in r]
+
+
+def assert_continuous(curve: list[tuple[int, int, float]], steps: int) -> None:
+    """Each step once, in order, at 32 samples a step (the global batch), the clock never
+    going back: a resumed run's curve goes on from its checkpoint."""
+    assert [(step, samples) for step, samples, _ in curve] == \
+        [(step, 32 * step) for step in range(1, steps + 1)], curve
+    times = [t for _, _, t in curve]
+    assert times == sorted(times), times
+
+
 def kill_after_checkpoint(run_dir: Path, step: int) -> None:
-    """Launch a slowed-down 3-rank run and SIGKILL it once checkpoint ``step`` commits."""
-    slow = ["--set", "sync.straggle_probability=1.0", "--set", "sync.straggle_factor=40"]
+    """Launch a slowed-down 3-rank run, logging every step, and SIGKILL it once checkpoint
+    ``step`` commits."""
+    slow = ["--set", "sync.straggle_probability=1.0", "--set", "sync.straggle_factor=40",
+            "--set", "train.log_every=1"]
     proc = subprocess.Popen([mpiexec(), "-n", "3", *HPCTRAIN, *JOB, *servers(1), *slow, "--set",
                              f"train.run_dir={str(run_dir)!r}"], env=child_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -104,6 +121,7 @@ def test_kill_resume_and_reshard_give_bitwise_the_same_model(tmp_path):
     assert "resuming from" in out and "(step 4)" in out, out
     assert ckpt.latest(killed).step == 8
     assert_identical(final_state(killed), reference)
+    assert_continuous(training_curve(killed), 8)  # steps 5+ logged before the kill: once
 
     out = resume(grown, 4)  # 1 server + 2 workers -> 2 servers + 2 workers
     assert "resuming from" in out and "(step 4)" in out, out
@@ -271,6 +289,7 @@ def test_a_signal_stops_with_a_checkpoint_and_the_resumed_run_is_bitwise_equal(t
     assert not (run_dir / "summary.json").exists()  # not finished: a sweep resumes it
     resume(run_dir, ranks)
     assert_identical(final_state(run_dir, steps), final_state(tmp_path / "whole", steps))
+    assert_continuous(training_curve(run_dir), steps)
 
 
 def dense_files(run_dir: Path, step: int) -> dict[str, np.ndarray]:

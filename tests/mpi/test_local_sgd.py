@@ -80,7 +80,7 @@ def test_a_checkpoint_between_averages_saves_worker_0s_replica(tmp_path):
     assert not np.array_equal(replicas[0], replicas[1])  # no average yet
     assert len(states[0]) == nparams  # a momentum buffer per parameter
     assert not all(np.array_equal(a, b) for a, b in zip(*states, strict=True))
-    trainer.save_checkpoint(3)
+    trainer.save_checkpoint(3, clock_s=1.0, samples=3 * config.train.batch_size)
     if WORLD.Get_rank() == 0:
         path = ckpt.step_dir(config.train.run_dir, 3) / "dense.h5"
         with h5py.File(path) as f:

@@ -20,7 +20,7 @@ def make(tmp_path, step=5, rows=100):
                             np.ones((rows, 1), np.float32))
     config = load_config()
     layout = TableLayout.from_sizes([rows], 4)
-    manifest = checkpointing.new_manifest(config, layout, step, 2, 0, "")
+    manifest = checkpointing.new_manifest(config, layout, step, 2, 0, "", 1.5 * step, 10 * step)
     manifest.files = [entry]
     ckpt.write_manifest(folder, manifest)
     return folder, weight
@@ -31,6 +31,7 @@ def test_round_trip_and_latest(tmp_path):
     folder, weight = make(tmp_path, step=9)
     found = ckpt.latest(tmp_path)
     assert found.step == 9 and found.path == str(folder) and found.workers == 2
+    assert (found.clock_s, found.samples) == (13.5, 90)  # where a resumed curve goes on
     rows, w, state = next(ckpt.read_rows(folder, found.row_files()))
     np.testing.assert_array_equal(w, weight)
     assert state.shape == (100, 1) and (rows == np.arange(100)).all()
@@ -62,6 +63,25 @@ def test_truncated_foreign_and_missing_manifests(tmp_path):
         ckpt.latest(tmp_path)
     with pytest.raises(CheckpointError, match="no complete checkpoint under"):
         ckpt.latest(tmp_path / "elsewhere")
+
+
+def test_a_manifest_without_the_runs_clock_still_reads(tmp_path):
+    """Checkpoints written before the clock was saved resume with the clock at zero."""
+    folder, _ = make(tmp_path, step=3)
+    with h5py.File(folder / "manifest.h5", "a") as f:
+        del f.attrs["clock_s"], f.attrs["samples"]
+    manifest = ckpt.read_manifest(folder)
+    assert manifest.step == 3 and (manifest.clock_s, manifest.samples) == (None, None)
+
+
+def test_a_manifest_of_another_format_version_is_refused(tmp_path):
+    """A checkpoint another hpctrain version wrote may lay its files out differently."""
+    folder, _ = make(tmp_path, step=3)
+    with h5py.File(folder / "manifest.h5", "a") as f:
+        f.attrs["version"] = 99
+    with pytest.raises(CheckpointError, match=r"manifest.h5: checkpoint format version 99 is "
+                                              r"not \d+$"):
+        ckpt.read_manifest(folder)
 
 
 def test_a_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
@@ -151,6 +171,34 @@ def test_a_commit_fails_when_rank_0_cannot_see_a_file(tmp_path):
                                               r"system every node shares"):
         checkpointing.commit(MPI.COMM_SELF, ckpt.step_dir(tmp_path, 4), [absent], manifest, 1)
     assert not ckpt.step_dir(tmp_path, 4).exists()
+
+
+def test_a_commit_fails_when_rank_0_reads_other_bytes(tmp_path):
+    """A file system whose nodes see different contents would restore another rank's
+    rows: rank 0 checks each file's size and SHA-256 before committing."""
+    from mpi4py import MPI
+
+    folder, _ = make(tmp_path, step=3)
+    manifest = ckpt.read_manifest(folder)
+    step = ckpt.step_dir(tmp_path, 4)
+    step.mkdir()
+    (step / "shard-1.h5").write_bytes(b"x" * 10)
+    stale = ckpt.FileEntry("shard-1.h5", 10, "0" * 64, 5)
+    with pytest.raises(CheckpointError, match=r"shard-1.h5, written by rank 0, does not match "
+                                              r"its size or SHA-256 as rank 0 reads it"):
+        checkpointing.commit(MPI.COMM_SELF, step, [stale], manifest, 1)
+    assert not (step / "manifest.h5").exists()
+
+
+def test_a_dense_file_without_the_jobs_optimizer_state_is_named(tmp_path):
+    """The dense optimizer's state count is not part of the checkpoint's shape (sgd gains a
+    momentum buffer with train.momentum > 0): reading it is still one CheckpointError."""
+    import torch
+
+    param = torch.zeros(3)
+    checkpointing.write_dense(tmp_path / "dense.h5", [param], [])
+    with pytest.raises(CheckpointError, match=r"dense.h5 does not fit this model"):
+        checkpointing.read_dense(tmp_path / "dense.h5", [param], [torch.zeros(3)])
 
 
 def test_resume_refuses_what_would_shift_the_data_position(tmp_path):

@@ -154,9 +154,17 @@ def test_small_groups_warn_and_unfinished_runs_are_listed_not_averaged(tmp_path)
     assert report["excluded"] == [{"run": str(tmp_path / "c"),
                                    "why": "unfinished (no summary.json)"}]
     assert "fewer than 3" in report["warnings"][0]
+    # a resume that continued the run's clock is no concern; one that restarted it (from a
+    # checkpoint written before the clock was saved) makes its times to target meaningless
     (tmp_path / "b" / "meta.json").write_text(json.dumps({"world": {"ranks": 3}, "resumes": [{}]}))
+    assert len(build_report(find_runs([str(tmp_path)]), target=0.5)["warnings"]) == 1
+    records = (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()
+    restarted = {**json.loads(records[-1]), "time_s": 1.0}
+    with open(tmp_path / "b" / "metrics.jsonl", "a") as f:
+        f.write(json.dumps(restarted) + "\n")
     again = build_report(find_runs([str(tmp_path)]), target=0.5)
-    assert "b was resumed" in again["warnings"][1]
+    assert "b was resumed from a checkpoint that did not save the run's clock" in \
+        again["warnings"][1]
 
 
 def test_refusals_are_one_line_and_exit_2(tmp_path, capsys):
@@ -175,6 +183,45 @@ def test_refusals_are_one_line_and_exit_2(tmp_path, capsys):
     (tmp_path / "nocurve" / "metrics.jsonl").write_text("")
     with pytest.raises(ConfigError, match="no held-out curve"):
         build_report(find_runs([str(tmp_path / "nocurve")]))
+
+
+@pytest.mark.parametrize(("damage", "words"), [
+    (lambda run: (run / "config.toml").write_text("[train\n"), "config.toml: unreadable"),
+    (lambda run: (run / "summary.json").write_text("{"), "summary.json: unreadable"),
+    (lambda run: (run / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2, "sa\n'),
+     "metrics.jsonl:2: not a JSON record"),
+    (lambda run: (run / "metrics.jsonl").write_text('{"step": 1, "x\n{"step": 2}'),
+     "metrics.jsonl:1: not a JSON record"),
+])
+def test_a_damaged_run_file_is_named(tmp_path, damage, words):
+    """A report over many runs names the one file it cannot read, and where."""
+    damage(make_run(tmp_path / "a", 10))
+    with pytest.raises(ConfigError, match=words):
+        find_runs([str(tmp_path)])
+
+
+def test_a_record_cut_short_by_a_crash_ends_the_curve(tmp_path):
+    """Only the last line can be cut (each record is one write): the curve ends before it,
+    and a run left that way does not stop the report of a whole sweep."""
+    run = make_run(tmp_path / "a", 10)
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 101, "sam')
+    [found] = find_runs([str(tmp_path)])
+    assert len(found.records) == 11 and found.records[-1]["step"] == 100
+
+
+def test_report_arguments_that_name_nothing_usable(tmp_path):
+    """A path that is no folder, a baseline without a key, a training curve without
+    training losses: each is one error saying what to change."""
+    run = make_run(tmp_path / "a", 10)
+    with pytest.raises(ConfigError, match="meta.json: not a folder"):
+        find_runs([str(run / "meta.json")])
+    with pytest.raises(ConfigError, match=r"--baseline 'bsp': expected KEY=VALUE\[,KEY=VALUE"):
+        build_report(find_runs([str(tmp_path)]), baseline="bsp")
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "samples": 10, "time_s": 1.0,
+                                                   "heldout_log_loss": 0.5}) + "\n")
+    with pytest.raises(ConfigError, match="a: no training loss records in metrics.jsonl"):
+        build_report(find_runs([str(tmp_path)]), metric="train")
 
 
 def test_report_command_writes_its_files(tmp_path, capsys):

@@ -1,5 +1,6 @@
 """The run directory: written where asked, or one error naming train.run_dir."""
 
+import json
 import os
 
 import pytest
@@ -16,6 +17,26 @@ def test_run_dir_is_made_and_filled(tmp_path):
     run.close()
     assert sorted(p.name for p in (tmp_path / "a" / "b").iterdir()) == [
         "config.toml", "metrics.jsonl", "summary.json"]
+
+
+def test_a_resumed_run_drops_the_records_after_its_checkpoint(tmp_path):
+    """A run killed after checkpoint 20 had logged steps 30 and 40 and was cut mid-record:
+    resumed from step 20, it runs those steps again, so their records go and the curve
+    goes on from step 20 with each step once."""
+    path = tmp_path / "run"
+    run = RunDir(str(path), JobConfig())
+    for step in (10, 20, 20, 30, 40):  # step 20: a training record and a held-out one
+        run.log({"step": step, "samples": step * 8})
+    run.close()
+    with open(path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 50, "sam')
+    resumed = RunDir(str(path), JobConfig(), resumed_at=20)
+    resumed.log({"step": 30, "samples": 240})
+    resumed.close()
+    lines = (path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [10, 20, 20, 30]
+    fresh = RunDir(str(tmp_path / "new"), JobConfig(), resumed_at=5)  # no records yet: fine
+    fresh.close()
 
 
 def test_unwritable_run_dir_names_the_key(tmp_path):
