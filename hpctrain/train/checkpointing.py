@@ -100,6 +100,9 @@ def shape_of(config: JobConfig, layout: TableLayout) -> dict[str, str]:
             "table_sizes": json.dumps([int(n) for n in layout.sizes]),
             "model.embedding_dim": str(m.embedding_dim), "model.bottom_mlp": str(m.bottom_mlp),
             "model.top_mlp": str(m.top_mlp), "train.optimizer": config.train.optimizer,
+            # a buffer per parameter or none: restoring would fail, or drop the buffers
+            "train.momentum": "> 0 (momentum buffers)" if config.train.momentum else
+            "0 (no momentum buffers)",
             "train.sparse_optimizer": config.train.table_optimizer,
             # tensor/pipeline parallel: one dense file per (stage, tensor shard)
             "dense layout": _dense_layout(config),

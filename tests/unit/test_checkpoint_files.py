@@ -191,8 +191,9 @@ def test_a_commit_fails_when_rank_0_reads_other_bytes(tmp_path):
 
 
 def test_a_dense_file_without_the_jobs_optimizer_state_is_named(tmp_path):
-    """The dense optimizer's state count is not part of the checkpoint's shape (sgd gains a
-    momentum buffer with train.momentum > 0): reading it is still one CheckpointError."""
+    """A dense file whose optimizer state does not fit the job (the shape check refuses it
+    first, except in checkpoints written before the shape held train.momentum) is one
+    CheckpointError."""
     import torch
 
     param = torch.zeros(3)
@@ -211,6 +212,25 @@ def test_resume_refuses_what_would_shift_the_data_position(tmp_path):
                                                       "has 10")):
         with pytest.raises(CheckpointError, match=words):
             checkpointing.check_compatible(manifest, load_config(overrides=[override]), layout)
+
+
+def test_resume_refuses_turning_momentum_on_or_off():
+    """The dense file would lack the buffers, or hold ones the job drops without a word; the
+    momentum's value may change."""
+    layout = TableLayout.from_sizes([100], 4)
+
+    def sgd(momentum: float):
+        return load_config(overrides=["train.optimizer='sgd'", f"train.momentum={momentum}"])
+
+    with_buffers = checkpointing.new_manifest(sgd(0.9), layout, 3, 2, 0, "", 1.0, 96)
+    checkpointing.check_compatible(with_buffers, sgd(0.5), layout)
+    with pytest.raises(CheckpointError, match=r"train.momentum = > 0 \(momentum buffers\); "
+                                              r"this job has 0 \(no momentum buffers\)$"):
+        checkpointing.check_compatible(with_buffers, sgd(0), layout)
+    without = checkpointing.new_manifest(sgd(0), layout, 3, 2, 0, "", 1.0, 96)
+    with pytest.raises(CheckpointError, match=r"train.momentum = 0 \(no momentum buffers\); "
+                                              r"this job has > 0"):
+        checkpointing.check_compatible(without, sgd(0.9), layout)
 
 
 def test_checkpoints_are_on_by_default():
