@@ -113,8 +113,8 @@ class RunDir:
         kept = [line for line, at in zip(lines, map(_step_of, lines), strict=True)
                 if at is not None and at <= step]
         if len(kept) < len(lines):
-            log.info("metrics.jsonl: %d record(s) after step %d dropped (the run goes on "
-                     "from its checkpoint there)", len(lines) - len(kept), step)
+            log.info("metrics.jsonl: %d line(s) dropped, of steps after %d or cut short (the "
+                     "run goes on from its checkpoint there)", len(lines) - len(kept), step)
             write_text_atomic(path, "".join(f"{line}\n" for line in kept))
 
     def log(self, record: dict[str, Any]) -> None:
