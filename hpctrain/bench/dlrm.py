@@ -59,12 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, config: JobConfig, topo: Topology
         ) -> list[dict[str, Any]]:
     """The rows (module doc); one process only."""
-    if topo.world.Get_size() != 1:
+    if topo.world.Get_size() != 1:  # (so no parameter server and no tp/pp grid either)
         raise ConfigError(f"bench dlrm runs in one process, not {topo.world.Get_size()} "
                           f"(launch it without mpiexec, or with -n 1)")
-    if config.ps.servers or config.parallel.tp > 1 or config.parallel.pp > 1:
-        raise ConfigError("bench dlrm compares the replicated-table step: the job must not "
-                          "set ps.servers or parallel.tp/pp")
     if min(args.steps, args.rounds, *args.batch_sizes) < 1:
         raise ConfigError("bench dlrm: --steps, --rounds and --batch-sizes must be >= 1")
     rows = []
