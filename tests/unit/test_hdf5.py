@@ -87,7 +87,8 @@ def test_truncated_file(written):
     Path(written).write_bytes(data[: len(data) - 1000])
     with pytest.raises(DataError) as err:
         HDF5Dataset(written).read("train", 0, 180)
-    assert written in str(err.value)
+    assert str(err.value).startswith(f"{written}: not a readable HDF5 file (")
+    assert "truncated file" in str(err.value) and "hpctrain preprocess" in str(err.value)
 
 
 def test_foreign_hdf5_file(tmp_path):
