@@ -29,6 +29,7 @@ from hpctrain.experiments.rundirs import read_run
 from hpctrain.runtime.world import Topology
 from hpctrain.sync.models import parse_models
 from hpctrain.train.job import run_training
+from hpctrain.train.rundir import read_metrics
 
 __all__ = ["straggler_overrides", "sync_variants", "compare_sync", "format_comparison"]
 
@@ -120,13 +121,9 @@ def _steps(config: JobConfig) -> int:
                       "non-synthetic job (its held-out curve times the target)")
 
 
-def _records(run_dir: str) -> list[dict[str, Any]]:
-    lines = Path(run_dir, "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
-
-
 def _tabulate(runs, out_dir: Path, target_loss: float | None) -> dict[str, Any]:
-    curves = {name: [r for r in _records(s.run_dir) if "train_loss" in r] for name, s in runs}
+    records = {name: read_metrics(Path(s.run_dir, "metrics.jsonl")) for name, s in runs}
+    curves = {name: [r for r in records[name] if "train_loss" in r] for name, _ in runs}
     if target_loss is None:
         first = curves[runs[0][0]]
         target_loss = 1.01 * first[-1]["train_loss"]
@@ -151,7 +148,7 @@ def _tabulate(runs, out_dir: Path, target_loss: float | None) -> dict[str, Any]:
             "step_times": summary.as_dict()["step_times"],
             "curve": [{k: r[k] for k in ("step", "samples", "time_s", "train_loss")}
                       for r in curves[name]],
-            "eval_curve": [r for r in _records(summary.run_dir) if "heldout_log_loss" in r],
+            "eval_curve": [r for r in records[name] if "heldout_log_loss" in r],
         })
     return {"target_loss": target_loss, "out": str(out_dir), "models": rows}
 

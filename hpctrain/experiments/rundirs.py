@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.errors import ConfigError
+from hpctrain.train.rundir import read_metrics
 
 __all__ = ["Run", "find_runs", "read_run", "flatten"]
 
@@ -63,20 +64,8 @@ def read_run(path: Path) -> Run:
         config = flatten(tomllib.loads((path / "config.toml").read_text(encoding="utf-8")))
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{path / 'config.toml'}: unreadable ({exc})") from None
-    records = []
     metrics = path / "metrics.jsonl"
-    if metrics.exists():
-        text = metrics.read_text(encoding="utf-8")
-        lines = text.splitlines()
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                records.append(json.loads(line))
-            except ValueError:
-                if number == len(lines) and not text.endswith("\n"):
-                    break  # the last record, cut short by a crash: the curve ends before it
-                raise ConfigError(f"{metrics}:{number}: not a JSON record") from None
+    records = read_metrics(metrics) if metrics.exists() else []
     meta = _json(path / "meta.json") if (path / "meta.json").exists() else {}
     if "ranks" in meta.get("world", {}):
         config["world.ranks"] = meta["world"]["ranks"]

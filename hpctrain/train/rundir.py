@@ -24,7 +24,8 @@ from typing import Any
 from hpctrain.config import JobConfig, dump_toml
 from hpctrain.errors import ConfigError
 
-__all__ = ["RunDir", "default_run_dir", "claim", "RUN_FILES", "write_text_atomic"]
+__all__ = ["RunDir", "default_run_dir", "claim", "read_metrics", "RUN_FILES",
+           "write_text_atomic"]
 
 log = logging.getLogger(__name__)
 
@@ -46,12 +47,23 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
     os.replace(tmp, path)
 
 
-def _step_of(line: str) -> int | None:
-    """The step of a metrics.jsonl line (None for a line that is not a record)."""
-    try:
-        return int(json.loads(line)["step"])
-    except (ValueError, KeyError, TypeError):
-        return None
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The records of a ``metrics.jsonl``, in order. Each record is one write, so only the
+    last line can be cut short by a crash: it ends the records. A bad line elsewhere is
+    damage: a ``ConfigError`` naming the file and line."""
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            if number == len(lines) and not text.endswith("\n"):
+                break
+            raise ConfigError(f"{path}:{number}: not a JSON record") from None
+    return records
 
 
 def default_run_dir(env: dict[str, str] | None = None) -> str:
@@ -109,13 +121,12 @@ class RunDir:
         path = self.path / "metrics.jsonl"
         if not path.exists():
             return
-        lines = path.read_text(encoding="utf-8").splitlines()
-        kept = [line for line, at in zip(lines, map(_step_of, lines), strict=True)
-                if at is not None and at <= step]
-        if len(kept) < len(lines):
-            log.info("metrics.jsonl: %d line(s) dropped, of steps after %d or cut short (the "
-                     "run goes on from its checkpoint there)", len(lines) - len(kept), step)
-            write_text_atomic(path, "".join(f"{line}\n" for line in kept))
+        records = read_metrics(path)
+        kept = [record for record in records if record["step"] <= step]
+        if len(kept) < len(records):
+            log.info("metrics.jsonl: %d record(s) of steps after %d dropped (the run goes on "
+                     "from its checkpoint there)", len(records) - len(kept), step)
+        write_text_atomic(path, "".join(json.dumps(record) + "\n" for record in kept))
 
     def log(self, record: dict[str, Any]) -> None:
         self._metrics.write(json.dumps(record) + "\n")

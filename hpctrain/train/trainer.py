@@ -105,8 +105,8 @@ class Trainer:
         # where the run's clock and sample count stood at the checkpoint: the curve in
         # metrics.jsonl goes on from them (the summary is this launch's own); from zero
         # after a checkpoint that did not save them, which `hpctrain report` then flags
-        self.resumed_at = (manifest.clock_s, manifest.samples) if manifest is not None and \
-            manifest.clock_s is not None and manifest.samples is not None else (0.0, 0)
+        self.resumed_at = (manifest.clock_s or 0.0, manifest.samples or 0) if manifest \
+            else (0.0, 0)
 
     # -- reading the state back (tests, tools) ---------------------------------------------
 
