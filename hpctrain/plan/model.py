@@ -261,8 +261,6 @@ def predict(w: Workload, p: Proposal, cluster: Cluster) -> Prediction:
         make_grid(cluster.ranks - p.servers, p.tp, p.pp, p.dp)
     except ConfigError as exc:
         problems.append(str(exc))
-    if w.batch % p.dp:
-        problems.append(f"batch {w.batch} does not divide over dp {p.dp}")
     local = w.batch / p.dp  # samples per data-parallel replica per optimizer step
     micro = local / p.micro_batches if p.tp * p.pp > 1 else local / w.accumulate
     chunks = p.micro_batches if p.tp * p.pp > 1 else w.accumulate
