@@ -86,10 +86,6 @@ def _check(config: JobConfig, job: str | None, overrides: Sequence[str], p: Prop
         load_config(job, [*overrides, *p.overrides()], env={})
     except ConfigError as exc:
         problems.append(str(exc))
-    local = config.train.batch_size / max(p.dp, 1)
-    if p.tp * p.pp > 1 and local % p.micro_batches:
-        problems.append(f"the replica batch {local:g} does not split into {p.micro_batches} "
-                        f"micro-batches")
     return problems
 
 

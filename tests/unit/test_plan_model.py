@@ -179,6 +179,11 @@ def test_uneven_batch_slices_are_feasible():
     predictions = {q.proposal.name: q for q in plan(config, cluster(3))}
     for name in ("replicated/dp3/b25MiB", "a2a-table_wise/dp3/b25MiB"):
         assert predictions[name].feasible, predictions[name].infeasible
+    # nor a replica batch that does not split evenly into micro-batches (65 into 2)
+    config = load_config("jobs/configs/default.toml", ["train.batch_size=130"])
+    predictions = {q.proposal.name: q for q in plan(config, cluster(4))}
+    for name in ("replicated/dp2xtp1xpp2-m2-1f1b/b25MiB", "replicated/dp2xtp2xpp1-m2/b25MiB"):
+        assert predictions[name].feasible, predictions[name].infeasible
 
 
 def test_machine_cluster_and_oversubscription():
