@@ -74,8 +74,8 @@ class Proposal:
                 f"parallel.wire_dtype='{self.pipeline_wire}'",
                 f"sync.dense='{f'local:{self.local_steps}' if self.local_steps else 'bsp'}'"]
         keys += [f"tiering.budget={self.hot_fraction}", "tiering.budget_unit='fraction'"]
-        if self.servers:
-            keys.append(f"ps.mode='{self.ps_mode}'")
+        # also without servers: a full-mode job's ps.mode = 'full' stops a server-less layout
+        keys.append(f"ps.mode='{self.ps_mode}'")
         if self.embeddings == "alltoall":
             keys += ["embeddings.mode='alltoall'", f"embeddings.sharding='{self.sharding}'"]
         return keys

@@ -280,6 +280,19 @@ def test_layouts_of_a_tiered_job_without_servers_turn_tiering_off():
     assert load_config("jobs/configs/tiered.toml", best.proposal.overrides()).tiering.budget == 0
 
 
+def test_layouts_of_a_full_mode_job_without_servers_run_hybrid(tmp_path):
+    """ps.mode = 'full' without servers stops a training launch, so a layout without
+    servers (replicated, all-to-all) written from a full-mode job must not keep it."""
+    job = tmp_path / "full.toml"
+    job.write_text('[ps]\nservers = 1\nmode = "full"\n')
+    config = load_config(str(job))
+    predictions = plan(config, cluster(3), str(job))
+    serverless = [q for q in predictions if q.feasible and q.proposal.servers == 0]
+    assert serverless
+    for q in serverless:
+        assert load_config(str(job), q.proposal.overrides()).ps.mode == "hybrid"
+
+
 def test_reading_is_probed_on_the_jobs_own_reader_and_priced_per_sample(tmp_path, caplog):
     """Synthetic, Criteo text and gzipped text are timed on their own readers; data that
     cannot be read here leaves reading out with a warning; the step reads its worker's
