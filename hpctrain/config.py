@@ -413,6 +413,53 @@ class JobConfig:
             self.ps.mode == "full" and bool(self.ps.servers) and not self.ps.prefetch
             and all(b == 0 for b in self.staleness_bounds()))
 
+    def unused_keys(self) -> list[str]:
+        """Keys set away from their defaults that this job's mode does not read, one line
+        each for a warning. Warned, not refused: ``compare-sync`` and the planner load a job
+        before they add the servers it is then run with."""
+        notes: list[str] = []
+
+        def changed(section: str, keys: Sequence[str]) -> list[str]:
+            ours = getattr(self, section)
+            default = type(ours)()
+            return [f"{section}.{k}" for k in keys if getattr(ours, k) != getattr(default, k)]
+
+        def note(keys: list[str], why: str) -> None:
+            if keys:
+                notes.append(f"{', '.join(keys)} {'is' if len(keys) == 1 else 'are'} not "
+                             f"used: {why}")
+
+        if not self.ps.servers:
+            note(changed("sync", ("model", "table_models", "deterministic"))
+                 + changed("ps", ("prefetch", "sharding", "table_wise_below")),
+                 f"for parameter-server tables only; ps.servers = 0 (tables "
+                 f"{self.embeddings.layout(0)}, every step synchronous)")
+        if not self.tiering.budget:
+            note(changed("tiering", [f.name for f in dataclasses.fields(TieringConfig)
+                                     if f.name != "budget"]),
+                 "tiering.budget = 0 (no hot tier)")
+        if self.parallel.tp * self.parallel.pp == 1:
+            note(changed("parallel", ("micro_batches", "schedule")),
+                 "parallel.tp = parallel.pp = 1 (no tensor or pipeline parallelism)")
+        d = self.data
+        if d.source == "synthetic":
+            note(changed("data", ("paths", "eval_paths", "eval_fraction", "on_bad_line")),
+                 "data.source = 'synthetic' reads no files")
+        else:
+            note(changed("data", ("zipf", "train_samples", "eval_samples", "seed")),
+                 f"for synthetic data only; data.source = {d.source!r}")
+        if d.source == "hdf5":
+            note(changed("data", ("eval_fraction", "on_bad_line")),
+                 "an hdf5 file holds its own eval group, checked when it was written")
+            if d.eval_paths:
+                notes.append("data.eval_paths is not read with data.source = 'hdf5': the "
+                             "file's own eval group is the held-out data (hpctrain "
+                             "preprocess wrote data.eval_paths into it)")
+        elif d.source == "criteo" and d.eval_paths:
+            note(changed("data", ("eval_fraction",)),
+                 "data.eval_paths holds the held-out data")
+        return notes
+
     def __post_init__(self) -> None:
         _check_inputs(self)
         m = self.model

@@ -74,32 +74,6 @@ def run_training(config: JobConfig, topo: Topology,
     return summary
 
 
-def unused_settings(config: JobConfig) -> list[str]:
-    """Keys set away from their defaults that this job's mode does not read (one warning
-    line each): the parameter-server and sync-model keys without servers, and
-    ``data.eval_fraction`` beside ``data.eval_paths``."""
-    notes = []
-    if not config.ps.servers:
-        sync, ps = config.sync, config.ps
-        keys = [k for k, unused in (
-            ("sync.model", sync.model.strip().lower() != "bsp"),
-            ("sync.table_models", bool(sync.table_models)),
-            ("sync.deterministic", sync.deterministic),
-            ("ps.prefetch", ps.prefetch), ("ps.sharding", ps.sharding != "auto"),
-            ("ps.table_wise_below", ps.table_wise_below != 100_000)) if unused]
-        if keys:
-            notes.append(f"{', '.join(keys)} govern{'s' if len(keys) == 1 else ''} "
-                         f"parameter-server tables; this job has "
-                         f"ps.servers = 0 (tables {config.embeddings.layout(0)}), so "
-                         f"{'it is' if len(keys) == 1 else 'they are'} not used: every step "
-                         f"is synchronous")
-    data = config.data
-    if data.source == "criteo" and data.eval_paths and data.eval_fraction != 0.1:
-        notes.append(f"data.eval_fraction = {data.eval_fraction} is not used: "
-                     f"data.eval_paths holds the held-out data")
-    return notes
-
-
 class TrainingJob:
     """What the ranks of one training job agreed on; collective over the world."""
 
@@ -117,12 +91,8 @@ class TrainingJob:
             write_meta(run_dir, meta)
         self.dataset = agree(topo.world, lambda: (dataset or open_dataset(config.data))
                              if topo.is_worker else None)
-        if topo.rank == 0 and config.data.source == "hdf5" and config.data.eval_paths:
-            log.warning("data.eval_paths is not read with data.source = 'hdf5': the file's "
-                        "own eval group is the held-out data (hpctrain preprocess wrote "
-                        "data.eval_paths into it)")
         if topo.rank == 0:
-            for note in unused_settings(config):
+            for note in config.unused_keys():
                 log.warning("%s", note)
         agree_on_inputs(topo.world, config, self.dataset)
         with Wait("bcast", topo.world):

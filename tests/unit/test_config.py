@@ -211,3 +211,38 @@ def test_zero_with_local_sgd_or_lars_is_one_line(overrides, words):
     assert "\n" not in str(info.value)
     for word in words:
         assert word in str(info.value)
+
+
+def unused(*overrides: str) -> list[str]:
+    return load_config(None, list(overrides)).unused_keys()
+
+
+def test_keys_the_jobs_mode_does_not_read_are_named_one_line_each():
+    """A key accepted and then ignored is a warning that says so: a replicated run under
+    sync.model = 'asp' was silently BSP."""
+    assert unused() == []
+    assert unused("ps.servers=1", "sync.model='asp'", "ps.prefetch=true") == []
+    assert unused("sync.model='ssp:4'", "ps.prefetch=true", "embeddings.mode='alltoall'") == [
+        "sync.model, ps.prefetch are not used: for parameter-server tables only; "
+        "ps.servers = 0 (tables alltoall, every step synchronous)"]
+    assert unused("sync.table_models=['t3=asp']")[0].startswith("sync.table_models is not used")
+    assert unused("tiering.policy='lru'", "tiering.interval=5") == [
+        "tiering.policy, tiering.interval are not used: tiering.budget = 0 (no hot tier)"]
+    assert unused("parallel.micro_batches=8", "parallel.schedule='gpipe'") == [
+        "parallel.micro_batches, parallel.schedule are not used: parallel.tp = parallel.pp = 1 "
+        "(no tensor or pipeline parallelism)"]
+    assert unused("parallel.pp=2", "parallel.micro_batches=8") == []
+    assert unused("data.eval_fraction=0.3") == [
+        "data.eval_fraction is not used: data.source = 'synthetic' reads no files"]
+    criteo = ["data.source='criteo'", "data.paths=['a.txt']"]
+    assert unused(*criteo, "data.eval_fraction=0.3") == []
+    assert unused(*criteo, "data.eval_paths=['b.txt']", "data.eval_fraction=0.3",
+                  "data.train_samples=50") == [
+        "data.train_samples is not used: for synthetic data only; data.source = 'criteo'",
+        "data.eval_fraction is not used: data.eval_paths holds the held-out data"]
+    hdf5 = ["data.source='hdf5'", "data.paths=['a.h5']"]
+    assert unused(*hdf5, "data.eval_fraction=0.3", "data.eval_paths=['b.txt']") == [
+        "data.eval_fraction is not used: an hdf5 file holds its own eval group, checked when "
+        "it was written",
+        "data.eval_paths is not read with data.source = 'hdf5': the file's own eval group is "
+        "the held-out data (hpctrain preprocess wrote data.eval_paths into it)"]

@@ -29,20 +29,3 @@ def test_tables_that_do_not_fit_are_refused_when_the_job_is_built(tmp_path):
                                             r"node"):
         job(tmp_path, "data.table_sizes=[2000000000, 2000000000]")
 
-
-def test_sync_and_server_keys_without_servers_are_named_as_unused():
-    from hpctrain.train.job import unused_settings
-
-    assert unused_settings(load_config(None)) == []
-    assert unused_settings(load_config(None, ["ps.servers=1", "sync.model='asp'",
-                                              "ps.prefetch=true"])) == []
-    (note,) = unused_settings(load_config(None, ["sync.model='ssp:4'", "ps.prefetch=true",
-                                                 "embeddings.mode='alltoall'"]))
-    assert note.startswith("sync.model, ps.prefetch govern parameter-server tables")
-    assert "(tables alltoall)" in note
-    (note,) = unused_settings(load_config(None, ["sync.table_models=['t3=asp']"]))
-    assert note.startswith("sync.table_models governs") and "it is not used" in note
-    paths = ["data.source='criteo'", "data.paths=['a.txt']", "data.eval_paths=['b.txt']"]
-    (note,) = unused_settings(load_config(None, [*paths, "data.eval_fraction=0.3"]))
-    assert note == "data.eval_fraction = 0.3 is not used: data.eval_paths holds the held-out data"
-    assert unused_settings(load_config(None, paths)) == []
