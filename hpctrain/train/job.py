@@ -87,8 +87,6 @@ class TrainingJob:
             config, train=dataclasses.replace(config.train, run_dir=run_dir))
         self.topo = topo
         meta = collect_meta(topo)
-        if meta:
-            write_meta(run_dir, meta)
         self.dataset = agree(topo.world, lambda: (dataset or open_dataset(config.data))
                              if topo.is_worker else None)
         if topo.rank == 0:
@@ -119,6 +117,8 @@ class TrainingJob:
                 self.manifest = topo.world.bcast(
                     self._resumable(self.ps.layout if self.ps else self.layout)
                     if topo.rank == 0 else None, root=0)
+        # after the resume was checked: a refused resume is no resume of the run
+        agree(topo.world, lambda: write_meta(run_dir, meta) if meta else None)
 
     def _resumable(self, layout: TableLayout) -> ckpt.Manifest:
         manifest = ckpt.latest(self.config.train.run_dir)

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hpctrain.errors import ConfigError
 from hpctrain.runtime.env import allocation, mpi_library
 from hpctrain.runtime.waits import Wait
 from hpctrain.runtime.world import Topology
@@ -61,9 +62,13 @@ def collect_meta(topo: Topology) -> dict[str, Any] | None:
 def write_meta(run_dir: str, meta: dict[str, Any]) -> None:
     """Write ``meta.json``; a resumed run keeps its first facts and lists each resume."""
     path = Path(run_dir) / "meta.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists():
-        first = json.loads(path.read_text(encoding="utf-8"))
-        first.setdefault("resumes", []).append(meta)
-        meta = first
-    write_text_atomic(path, json.dumps(meta, indent=2) + "\n")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            first = json.loads(path.read_text(encoding="utf-8"))
+            first.setdefault("resumes", []).append(meta)
+            meta = first
+        write_text_atomic(path, json.dumps(meta, indent=2) + "\n")
+    except OSError as exc:
+        raise ConfigError(f"train.run_dir = {str(run_dir)!r}: cannot write there "
+                          f"({exc.strerror})") from None

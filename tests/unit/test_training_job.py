@@ -29,3 +29,27 @@ def test_tables_that_do_not_fit_are_refused_when_the_job_is_built(tmp_path):
                                             r"node"):
         job(tmp_path, "data.table_sizes=[2000000000, 2000000000]")
 
+
+def test_a_refused_resume_is_not_listed_as_a_resume_in_meta_json(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.toml").write_text("")
+    (run / "meta.json").write_text('{"world": {"ranks": 2}}\n')
+    config = load_config(overrides=[f"train.run_dir='{run}'"], env={})
+    with pytest.raises(HpctrainError, match="no complete checkpoint"):
+        TrainingJob(config, build_topology(config, MPI.COMM_SELF), resume=True)
+    assert (run / "meta.json").read_text() == '{"world": {"ranks": 2}}\n'
+
+
+def test_a_run_dir_where_meta_json_cannot_be_written_is_one_user_error(tmp_path, monkeypatch):
+    import errno
+
+    from hpctrain.train import meta
+
+    def read_only(path, text):
+        raise OSError(errno.EROFS, "Read-only file system", str(path))
+
+    monkeypatch.setattr(meta, "write_text_atomic", read_only)
+    with pytest.raises(HpctrainError, match=r"train.run_dir = '.*run': cannot write there "
+                                            r"\(Read-only file system\)"):
+        job(tmp_path)
