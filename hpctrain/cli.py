@@ -257,6 +257,9 @@ def _sweep(args: argparse.Namespace) -> int:
 
     if args.task:
         folder, ranks, index = args.task
+        if not (ranks.isdigit() and index.isdigit()):
+            raise ConfigError(f"--task {folder} {ranks} {index}: RANKS and INDEX must be "
+                              f"integers >= 0")
         task = sweep.task_of(folder, int(ranks), int(index))
         did = sweep.run_task(task, args.launcher)
         print(f"hpctrain sweep: {task.name} ({task.values}): {did}", flush=True)

@@ -77,6 +77,7 @@ def test_sweep_commands_without_their_files_are_one_line(tmp_path, capsys, monke
                                        f"sweep SWEEP.toml --out {tmp_path})"),
             (["--task", str(out), "2", "0"], "tasks-2.txt: no such task list"),
             (["--task", str(out), "1", "5"], "tasks-1.txt: task 5 out of range (0-1)"),
+            (["--task", str(out), "x", "0"], "x 0: RANKS and INDEX must be integers >= 0"),
             (["--task", str(out), "1", "0", "--launcher", "srun"],
              "--launcher srun: not found on PATH")):
         assert main(["sweep", *argv]) == 2, argv
