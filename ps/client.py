@@ -33,7 +33,7 @@ from embeddings.types import BackingStore, RowSink, RowSource
 from hpctrain.comm.emulate import Channel
 from hpctrain.comm.wire import itemsize
 from hpctrain.errors import EmbeddingError
-from hpctrain.runtime import trace
+from hpctrain.runtime import preempt, trace
 from hpctrain.runtime.waits import Wait, wait_all
 from ps.kernels import route, scatter_rows
 from ps.types import (
@@ -43,6 +43,7 @@ from ps.types import (
     encode_request,
     reply_bytes,
     reply_capacity,
+    reply_signal,
     reply_tag,
 )
 
@@ -284,6 +285,9 @@ class PSClient(BackingStore):
             values = decode_reply(reply, len(positions), pending.width)
             if isinstance(values, str):
                 raise EmbeddingError(values)
+            signum = reply_signal(reply)
+            if signum:  # the server was signalled: stop as if this worker were
+                preempt.relay(signum)
             if len(pending.parts) == 1 and len(positions) == len(pending.rows):
                 out = values  # one server holds them all, in order: the reply is the result
             else:

@@ -66,7 +66,7 @@ from mpi4py import MPI
 from embeddings.optim import coalesce
 from hpctrain.comm.emulate import Channel
 from hpctrain.errors import EmbeddingError, PSError
-from hpctrain.runtime import trace
+from hpctrain.runtime import preempt, trace
 from hpctrain.runtime.waits import Backoff, Wait, wait_all
 from hpctrain.sync.types import SyncModel
 from ps.kernels import gather_rows
@@ -81,6 +81,7 @@ from ps.types import (
     encode_rows,
     reply_tag,
     rows_reply,
+    stamp_signal,
 )
 
 __all__ = ["Server", "ServerStats"]
@@ -281,6 +282,9 @@ class Server:
             else:
                 reply = encode_rows(tables.pull(slots), request.wire)
                 self.stats.rows_out += len(slots)
+        signum = preempt.received()
+        if signum:  # the workers stop on it as on their own (a node of servers only)
+            stamp_signal(reply, signum)
         self.stats.bytes_out += reply.nbytes
         self.sending.append((self.link.Isend(reply, dest=source, tag=reply_tag(request.seq)),
                              reply))

@@ -13,7 +13,8 @@ Every request is one byte buffer, sent with tag :data:`TAG_REQUEST`:
 Every reply is one byte buffer, sent with tag ``reply_tag(seq)`` so that a worker with
 several requests in flight matches each reply to its request:
 
-    int64  status (0 = rows follow, 1 = UTF-8 error message follows), payload bytes, wire;
+    int64  status (bit 0: 0 = rows follow, 1 = UTF-8 error message follows; the bits from 8
+           up: the signal the server had received, 0 for none), payload bytes, wire;
     float64 scale
     wire   rows[n, dim] (PULL: in the request's wire format)  or  float32 rows[n, dim + state]
            (READ)  or  nothing (WRITE)  or  UTF-8 message
@@ -36,7 +37,7 @@ from hpctrain.comm.wire import decode, encode, wire_code, wire_of
 
 __all__ = ["Op", "Request", "TAG_REQUEST", "reply_tag", "encode_request", "decode_request",
            "encode_rows", "rows_reply", "encode_error", "reply_capacity", "decode_reply",
-           "reply_bytes", "HEADER"]
+           "reply_bytes", "reply_signal", "stamp_signal", "HEADER"]
 
 TAG_REQUEST = 7
 _TAG_REPLY_BASE = 1024
@@ -164,9 +165,20 @@ def decode_reply(buf: np.ndarray, rows: int, dim: int) -> np.ndarray | str:
     head = buf[:_STATUS_BYTES].view(np.int64)
     status, size, code = (int(x) for x in head[:3])
     body = buf[_STATUS_BYTES: _STATUS_BYTES + size]
-    if status:
+    if status & 1:
         return body.tobytes().decode("utf-8", errors="replace")
     return decode(body, wire_of(code), float(head[3:].view(np.float64)[0])).reshape(rows, dim)
+
+
+def stamp_signal(buf: np.ndarray, signum: int) -> None:
+    """Mark a reply as coming from a server that received ``signum`` (SIGTERM or SIGUSR1):
+    the status word's bits above the error flag."""
+    buf[:_STATUS_BYTES].view(np.int64)[0] |= signum << 8
+
+
+def reply_signal(buf: np.ndarray) -> int:
+    """The signal a reply's server had received (0: none)."""
+    return int(buf[:_STATUS_BYTES].view(np.int64)[0]) >> 8
 
 
 def reply_bytes(buf: np.ndarray) -> int:

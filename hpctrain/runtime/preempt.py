@@ -13,7 +13,9 @@ which would turn SSP and ASP into BSP. With ``lag`` beyond the staleness the syn
 allows, the completion never waits for a worker the model would not wait for either (under
 ASP it caps how far one worker runs ahead at ``lag`` steps). The trainer then writes a
 checkpoint of that step and ends; the command exits with :data:`EXIT_STOPPED` on every rank
-(:func:`exit_code`), the code the job scripts requeue on.
+(:func:`exit_code`), the code the job scripts requeue on. A parameter server's signal
+reaches the workers in its replies (:func:`received`, :func:`relay`): a node that holds only
+servers may be the one the batch system signals.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from mpi4py import MPI
 
 from hpctrain.runtime.waits import Wait, wait_all
 
-__all__ = ["EXIT_STOPPED", "SIGNALS", "Agreed", "Preemption", "exit_code"]
+__all__ = ["EXIT_STOPPED", "SIGNALS", "Agreed", "Preemption", "exit_code", "received",
+           "relay"]
 
 EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped by a signal after a checkpoint; resume the run dir
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -56,6 +59,7 @@ class Preemption:
         self.lag = lag
         self._pending: deque[tuple[MPI.Request, np.ndarray, np.ndarray]] = deque()
         self._previous = {s: signal.signal(s, self._record) for s in SIGNALS}
+        _installed[:] = [self]
 
     def _record(self, signum: int, frame: object) -> None:
         self.signal = signum
@@ -89,6 +93,23 @@ class Preemption:
     def uninstall(self) -> None:
         for s, handler in self._previous.items():
             signal.signal(s, handler)
+        _installed.clear()
+
+
+_installed: list[Preemption] = []  # the process's handler: signals are per process
+
+
+def received() -> int:
+    """The signal this process's :class:`Preemption` recorded (0: none, or none installed);
+    a parameter server stamps it on its replies."""
+    return _installed[0].signal if _installed else 0
+
+
+def relay(signum: int) -> None:
+    """Record ``signum`` as if this process had received it (unless it recorded one): a
+    server's signal, read from its reply, counts as the worker's own in the vote."""
+    if _installed and not _installed[0].signal:
+        _installed[0].signal = signum
 
 
 def exit_code(world: MPI.Intracomm, stopped: bool) -> int:

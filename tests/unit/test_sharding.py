@@ -16,6 +16,8 @@ from ps.types import (
     encode_request,
     encode_rows,
     reply_capacity,
+    reply_signal,
+    stamp_signal,
 )
 
 SIZES = [5, 1000, 37, 250_000, 3]
@@ -108,9 +110,15 @@ def test_messages_round_trip(groups, op, step, lr):
     encoded = encode_rows(rows)
     reply[: encoded.nbytes] = encoded
     np.testing.assert_array_equal(decode_reply(reply, len(ids), 3), rows)
+    assert reply_signal(reply) == 0
+    stamp_signal(reply, 15)  # a signalled server's reply: the rows still read
+    np.testing.assert_array_equal(decode_reply(reply, len(ids), 3), rows)
+    assert reply_signal(reply) == 15
     error = encode_error("table 't1': id 9 is outside")
+    stamp_signal(error, 10)
     reply[: error.nbytes] = error
     assert decode_reply(reply, len(ids), 3) == "table 't1': id 9 is outside"
+    assert reply_signal(reply) == 10
 
 
 def test_a_dense_table_gets_its_own_per_value_optimizer():
