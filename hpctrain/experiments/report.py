@@ -206,8 +206,10 @@ def _aggregate(values: list[float | None]) -> dict[str, Any]:
 def _compare(group: dict[str, Any], base: dict[str, Any], metric: str) -> dict[str, Any]:
     a, b = group["metrics"][metric], base["metrics"][metric]
     if a["missing"] or b["missing"]:
-        return {"verdict": f"not comparable ({a['missing']} of {group['n']} and "
-                           f"{b['missing']} of {base['n']} runs lack it)"}
+        counts = f"{a['missing']} of {group['n']} and {b['missing']} of {base['n']} runs"
+        if metric == "staleness_mean":  # no parameter server: no reads whose age to count
+            return {"verdict": f"not measured ({counts} read no parameter-server rows)"}
+        return {"verdict": f"not comparable ({counts} lack it)"}
     if not b["estimate"]:
         return {"verdict": "no ratio (the baseline's mean is 0)"}
     ratio = stats.ratio_interval(a["values"], b["values"])

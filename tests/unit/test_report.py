@@ -143,6 +143,12 @@ def test_default_target_is_reached_by_every_run_and_baseline_is_chosen(tmp_path)
     assert "not comparable" in never["groups"][1]["vs_baseline"]["time_to_target_s"]["verdict"]
     with pytest.raises(ConfigError, match="matches 0 groups"):
         build_report(runs, baseline="sync.model=asp")
+    for path in tmp_path.glob("*/summary.json"):  # runs without a parameter server
+        summary = json.loads(path.read_text())
+        path.write_text(json.dumps({**summary, "staleness": {}}))
+    verdict = build_report(find_runs([str(tmp_path)]))["groups"][1]["vs_baseline"][
+        "staleness_mean"]["verdict"]
+    assert verdict == "not measured (3 of 3 and 3 of 3 runs read no parameter-server rows)"
 
 
 def test_small_groups_warn_and_unfinished_runs_are_listed_not_averaged(tmp_path):
