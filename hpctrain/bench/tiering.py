@@ -245,7 +245,8 @@ def _train(args: argparse.Namespace, config: JobConfig, topo: Topology, zipf: fl
     samples = max(args.train_steps * config.train.batch_size, args.prescan)
     base = load_config(args.job, overrides=[
         f"data.table_sizes=[{', '.join([str(args.rows)] * args.tables)}]",
-        f"data.zipf={zipf}", f"data.train_samples={samples}", f"tiering.prescan={args.prescan}",
+        f"data.zipf={zipf}", f"data.train_samples={samples}",
+        *([f"tiering.prescan={args.prescan}"] if budget else []),  # no hot tier to seed
         "data.eval_samples=1000", f"train.steps={steps}", "train.progress=false",
         "checkpoint.at_end=false", "checkpoint.every_minutes=0",
         f"ps.servers={topo.roles.servers}", f"tiering.budget={budget}",
