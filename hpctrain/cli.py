@@ -85,9 +85,11 @@ def _main(argv: list[str]) -> int:
             raise ConfigError(f"bench {args.bench}: comm.emulate is set, but this benchmark "
                               f"measures against MPI_Allreduce called directly, which the "
                               f"emulated network does not delay; use hpctrain bench emulate")
-        if args.command == "bench" and args.bench in ("tiering", "embeddings") and \
-                args.repeat < 1:
-            raise ConfigError(f"bench {args.bench}: --repeat {args.repeat}: expected at least 1")
+        if args.command == "bench":
+            _check_bench_flags(args)
+        if args.command == "trace" and args.steps < 0:
+            raise ConfigError(f"trace summarize: --steps {args.steps}: expected 0 or more step "
+                              f"rows")
         if args.command == "bench" and args.bench == "emulate" and not (
                 config.comm.emulate and config.comm.node_size):
             raise ConfigError("bench emulate: set comm.emulate (e.g. '20000,0.4') and "
@@ -308,6 +310,36 @@ def _command_overrides(args: argparse.Namespace) -> list[str]:
 
         return straggler_overrides(args.stragglers)
     return []
+
+
+# Count flags of each benchmark that must be at least 1 (0 or less has no run to time).
+_POSITIVE_FLAGS = {"allreduce": ("reps",), "alltoall": ("reps",), "emulate": ("reps",),
+                   "embeddings": ("steps", "repeat"), "tiering": ("repeat",),
+                   "ps": ("tables", "rows", "dim", "batch", "steps")}
+_ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int32": 4, "int64": 8}
+
+
+def _check_bench_flags(args: argparse.Namespace) -> None:
+    """Flag values a benchmark cannot run with, refused before the world is laid out (the
+    same on every rank: one line from rank 0, exit 2)."""
+    for flag in _POSITIVE_FLAGS.get(args.bench, ()):
+        if getattr(args, flag) < 1:
+            raise ConfigError(f"bench {args.bench}: --{flag.replace('_', '-')} "
+                              f"{getattr(args, flag)}: expected at least 1")
+    if args.bench == "embeddings" and not args.hot > 0:
+        raise ConfigError(f"bench embeddings: --hot {args.hot}: expected a share of the rows "
+                          f"above 0 (the tiered layout needs a hot tier)")
+    if args.bench == "allreduce":
+        from hpctrain.comm.select import ALGORITHMS
+
+        known = (*ALGORITHMS, "resident")
+        if unknown := [a for a in args.algorithms.split(",") if a and a not in known]:
+            raise ConfigError(f"bench allreduce: unknown algorithm(s) {', '.join(unknown)}; "
+                              f"choose from {', '.join(known)}")
+        item = _ITEMSIZE[args.dtype]
+        if odd := [s for s in args.sizes if s % item]:
+            raise ConfigError(f"bench allreduce: --sizes {odd[0]} bytes is not a whole number "
+                              f"of {args.dtype} elements ({item} bytes each)")
 
 
 def _add_bench_flags(parsers: dict[str, argparse.ArgumentParser]) -> None:

@@ -68,7 +68,10 @@ def parse_sizes(text: str) -> list[int]:
         m = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", token)
         if not m or m.group(2).lower() not in _UNITS:
             raise ValueError(f"bad size {token!r} (examples: 4096, 4KiB, 64MiB)")
-        return int(m.group(1)) * _UNITS[m.group(2).lower()]
+        size = int(m.group(1)) * _UNITS[m.group(2).lower()]
+        if size < 1:
+            raise ValueError(f"bad size {token!r}: a message needs at least one byte")
+        return size
 
     if "-" in text:
         lo, _, hi = text.partition("-")

@@ -62,12 +62,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def layouts(ranks: int) -> list[tuple[str, list[str]]]:
     """(name, config overrides) of every layout a world of ``ranks`` ranks can run."""
-    out = [("replicated", ['embeddings.mode="replicated"'])]
-    out += [(f"alltoall:{s}", ['embeddings.mode="alltoall"', f'embeddings.sharding="{s}"'])
-            for s in SHARDINGS]
+    # a job file's own servers and hot tier belong to no layout but the ones that name them
+    untiered = ["tiering.budget=0"]
+    local = ["ps.servers=0", *untiered]
+    out = [("replicated", ['embeddings.mode="replicated"', *local])]
+    out += [(f"alltoall:{s}", ['embeddings.mode="alltoall"', f'embeddings.sharding="{s}"',
+                               *local]) for s in SHARDINGS]
     for servers in (1, 2):
         if ranks > servers:
-            out.append((f"ps:{servers}", ['embeddings.mode="ps"', f"ps.servers={servers}"]))
+            out.append((f"ps:{servers}", ['embeddings.mode="ps"', f"ps.servers={servers}",
+                                          *untiered]))
     if ranks > 1:
         out.append(("ps:1+tiering", ['embeddings.mode="ps"', "ps.servers=1"]))
     return out
@@ -86,7 +90,8 @@ def run(args: argparse.Namespace, config: JobConfig,
             for i in range(len(cases)):
                 name, overrides = cases[(rnd + i) % len(cases)]
                 if name.endswith("tiering"):
-                    overrides = [*overrides, f"tiering.budget={args.hot}"]
+                    overrides = [*overrides, f"tiering.budget={args.hot}",
+                                 'tiering.budget_unit="fraction"']  # --hot: a share of rows
                 result = _train(args, topo, name, overrides, f"{scratch}/{rnd}-{i}")
                 if result:
                     runs[name].append(result)

@@ -84,6 +84,8 @@ class PipelineBench:
                               f"[1, --layers = {self.layers}]")
         if min(self.micro_batches) < 1 or self.repeats < 1 or self.micro_batch < 1:
             raise ConfigError("bench pipeline: --m, --repeats and --micro-batch must be >= 1")
+        if self.width < 1:
+            raise ConfigError(f"bench pipeline: --width {self.width}: expected at least 1")
         if unknown := set(self.schedules) - set(SCHEDULES):
             raise ConfigError(f"bench pipeline: unknown schedule {sorted(unknown)}; "
                               f"choose from {sorted(SCHEDULES)}")

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import tempfile
 import time
 from typing import Any
@@ -55,6 +56,8 @@ from hpctrain.stats import PAIRED_METHOD, paired_ratio_interval
 from hpctrain.train.job import run_training
 
 __all__ = ["add_arguments", "run", "COLUMNS", "notes"]
+
+log = logging.getLogger(__name__)
 
 _WARM_UP_STEPS = 10
 
@@ -88,6 +91,10 @@ def run(args: argparse.Namespace, config: JobConfig,
         topo: Topology) -> list[dict[str, Any]] | None:
     """Run both measurements on every rank; world rank 0 returns one row per setting."""
     settings = [(z, b) for z in args.zipf for b in args.budgets]
+    if config.tiering.budget and topo.rank == 0:
+        log.warning("bench tiering: tiering.budget = %s of the job is not used: the runs "
+                    "take --budgets (shares of the rows) and 0 for the untiered baseline",
+                    config.tiering.budget)
     hits = _hit_rates(args, config, topo) if topo.is_worker else []
     # ranks done early wait without spinning
     wait_all([topo.world.Ibarrier()], Wait("barrier", topo.world))
@@ -249,8 +256,10 @@ def _train(args: argparse.Namespace, config: JobConfig, topo: Topology, zipf: fl
         *([f"tiering.prescan={args.prescan}"] if budget else []),  # no hot tier to seed
         "data.eval_samples=1000", f"train.steps={steps}", "train.progress=false",
         "checkpoint.at_end=false", "checkpoint.every_minutes=0",
-        f"ps.servers={topo.roles.servers}", f"tiering.budget={budget}",
-        f"train.run_dir={f'{scratch}/z{zipf}-b{budget}'!r}", *args.set])
+        f"ps.servers={topo.roles.servers}",
+        f"train.run_dir={f'{scratch}/z{zipf}-b{budget}'!r}", *args.set,
+        # after --set: each run's budget is this setting's, a share of the rows (--budgets)
+        f"tiering.budget={budget}", 'tiering.budget_unit="fraction"'])
     job = dataclasses.replace(base, runtime=config.runtime)
     summary = run_training(job, topo)
     if topo.rank != 0:
