@@ -316,7 +316,6 @@ def _command_overrides(args: argparse.Namespace) -> list[str]:
 _POSITIVE_FLAGS = {"allreduce": ("reps",), "alltoall": ("reps",), "emulate": ("reps",),
                    "embeddings": ("steps", "repeat"), "tiering": ("repeat",),
                    "ps": ("tables", "rows", "dim", "batch", "steps")}
-_ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int32": 4, "int64": 8}
 
 
 def _check_bench_flags(args: argparse.Namespace) -> None:
@@ -331,12 +330,13 @@ def _check_bench_flags(args: argparse.Namespace) -> None:
                           f"above 0 (the tiered layout needs a hot tier)")
     if args.bench == "allreduce":
         from hpctrain.comm.select import ALGORITHMS
+        from hpctrain.comm.types import DTYPES
 
         known = (*ALGORITHMS, "resident")
         if unknown := [a for a in args.algorithms.split(",") if a and a not in known]:
             raise ConfigError(f"bench allreduce: unknown algorithm(s) {', '.join(unknown)}; "
                               f"choose from {', '.join(known)}")
-        item = _ITEMSIZE[args.dtype]
+        item = DTYPES[args.dtype].itemsize
         if odd := [s for s in args.sizes if s % item]:
             raise ConfigError(f"bench allreduce: --sizes {odd[0]} bytes is not a whole number "
                               f"of {args.dtype} elements ({item} bytes each)")
