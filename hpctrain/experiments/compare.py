@@ -156,7 +156,9 @@ def _tabulate(runs, out_dir: Path, target_loss: float | None) -> dict[str, Any]:
 def format_comparison(result: dict[str, Any]) -> str:
     header = (f"{'model':<8} {'to target':>10} {'samples':>9} {'log loss':>9} {'vs first':>8} "
               f"{'AUC':>7} {'samples/s':>10} {'stale mean':>10} {'p99':>5} {'max':>5}")
-    lines = [f"target training loss {result['target_loss']:.4f}", header]
+    lines = ["one run of each model (--repeats 1): no intervals, so a difference may be "
+             "noise (--repeats 3 or more for intervals)",
+             f"target training loss {result['target_loss']:.4f}", header]
     first = result["models"][0]["final_log_loss"]
     for row in result["models"]:
         reached = (f"{row['time_to_target_s']:>9.1f}s {row['samples_to_target']:>9,}"

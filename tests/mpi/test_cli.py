@@ -163,6 +163,7 @@ def test_compare_sync_writes_a_table_a_summary_and_a_plot(tmp_path):
                       str(tmp_path)], ranks=3,
                      timeout=240)
     assert result.returncode == 0, result.stdout
+    assert "one run of each model (--repeats 1): no intervals" in result.stdout
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert [m["model"] for m in summary["models"]] == ["bsp", "ssp:1", "asp", "local:4"]
     # local SGD beside them (in hybrid mode): a dense average every 4 steps and at the end
