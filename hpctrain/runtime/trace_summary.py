@@ -38,11 +38,16 @@ def load_events(path: str | Path) -> list[dict[str, Any]]:
     events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
         raise ConfigError(f"{path}: no traceEvents list")
+    if not all(isinstance(e, dict) for e in events):
+        raise ConfigError(f"{path}: traceEvents holds something other than event objects")
     try:
-        return [e for e in events if e.get("ph") == "X" and float(e["dur"]) >= 0
-                and float(e["ts"]) == float(e["ts"])]
-    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        spans = [e for e in events if e.get("ph") == "X" and float(e["dur"]) >= 0
+                 and float(e["ts"]) == float(e["ts"])]
+    except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"{path}: a complete event lacks ts/dur ({exc})") from None
+    if not spans:
+        raise ConfigError(f"{path}: no spans (complete events) to summarize")
+    return spans
 
 
 def _exclusive(spans: list[dict[str, Any]]) -> list[tuple[dict[str, Any], float]]:

@@ -115,6 +115,8 @@ def test_a_file_that_is_no_trace_is_a_config_error(tmp_path):
 @pytest.mark.parametrize(("text", "words"), [
     ('{"events": []}', "t.json: no traceEvents list"),
     ('{"traceEvents": [{"ph": "X", "ts": 1}]}', r"t.json: a complete event lacks ts/dur \('dur'\)"),
+    ('{"traceEvents": []}', r"t.json: no spans \(complete events\) to summarize"),
+    ('[1, 2]', "t.json: traceEvents holds something other than event objects"),
 ])
 def test_json_that_is_no_timeline_is_a_config_error(tmp_path, text, words):
     """Valid JSON from another tool: what is missing is named, not a KeyError."""
