@@ -105,7 +105,10 @@ def write_atomic(path: Path, fill: Callable[[h5py.File], None], rows: int = 0) -
         fsync_path(path.parent)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        raise CheckpointError(f"cannot write checkpoint file {path}: {exc.strerror or exc}; "
+        # h5py's strerror is HDF5's multi-line record (time, file, buffer, offset); the
+        # errno says it in one line ("No space left on device")
+        reason = os.strerror(exc.errno) if exc.errno else (exc.strerror or exc)
+        raise CheckpointError(f"cannot write checkpoint file {path}: {reason}; "
                               f"the previous checkpoint is intact") from None
     except BaseException:
         tmp.unlink(missing_ok=True)

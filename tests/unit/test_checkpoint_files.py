@@ -101,6 +101,33 @@ def test_a_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     assert not list(tmp_path.rglob("*.tmp*"))
 
 
+# h5py reports the failed close of objects it frees afterwards as unraisable
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_real_hdf5_write_error_is_one_line_naming_the_cause(tmp_path):
+    """h5py's OSError carries HDF5's multi-line record (time, file, descriptor, buffer,
+    offset) as its strerror; the message gives the errno's text instead, on one line. A
+    file size limit makes the write fail for real (EFBIG), as a full disk does (ENOSPC)."""
+    import resource
+    import signal
+
+    make(tmp_path, step=4)
+    folder = ckpt.step_dir(tmp_path, 8)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # write(2) fails with EFBIG
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, hard))
+    try:
+        with pytest.raises(CheckpointError) as failed:
+            ckpt.write_rows(folder / "tables.h5", np.arange(100_000),
+                            np.ones((100_000, 4), np.float32), np.zeros((100_000, 1), np.float32))
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+    assert str(failed.value) == (f"cannot write checkpoint file {folder / 'tables.h5'}: File "
+                                 f"too large; the previous checkpoint is intact")
+    assert ckpt.latest(tmp_path).step == 4
+    assert not list(tmp_path.rglob("*.tmp*"))
+
+
 def test_incompatible_configs_are_named(tmp_path):
     make(tmp_path, step=5, rows=100)
     manifest = ckpt.latest(tmp_path)
