@@ -263,12 +263,20 @@ def _sweep(args: argparse.Namespace) -> int:
             raise ConfigError(f"--task {folder} {ranks} {index}: RANKS and INDEX must be "
                               f"integers >= 0")
         task = sweep.task_of(folder, int(ranks), int(index))
-        did = sweep.run_task(task, args.launcher)
+        try:
+            did = sweep.run_task(task, args.launcher)
+        except sweep.Stopped as stop:
+            print(f"hpctrain sweep: {stop}", flush=True)
+            return stop.code
         print(f"hpctrain sweep: {task.name} ({task.values}): {did}", flush=True)
         return 1 if did.startswith("failed") else 0
     if args.run:
-        return 1 if sweep.run_all(args.run, args.launcher,
-                                  lambda line: print(line, flush=True)) else 0
+        try:
+            return 1 if sweep.run_all(args.run, args.launcher,
+                                      lambda line: print(line, flush=True)) else 0
+        except sweep.Stopped as stop:
+            print(f"hpctrain sweep: {stop}", flush=True)
+            return stop.code
     if not (args.sweep_file and args.out):
         raise ConfigError("hpctrain sweep: give SWEEP.toml --out DIR, --run DIR or --task")
     tasks = sweep.write_sweep(args.sweep_file, args.out)

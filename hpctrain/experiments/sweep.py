@@ -35,6 +35,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tomllib
@@ -266,10 +267,50 @@ def run_task(task: Task, launcher: str = "mpiexec") -> str:
             else:
                 path.unlink(missing_ok=True)
         did = "trained"
-    result = subprocess.run(command, check=False)
-    if result.returncode != 0:
-        return f"failed (exit {result.returncode}; see {run_dir})"
+    code, caught = _run_forwarding(command)
+    if caught is not None:
+        raise Stopped(f"{task.name}: stopped by {signal.Signals(caught).name} (the run exited "
+                      f"{code}); hpctrain sweep --run or --task resumes it",
+                      75 if code in (0, 75) else code)
+    if code != 0:
+        return f"failed (exit {code}; see {run_dir})"
     return did
+
+
+class Stopped(Exception):
+    """The sweep itself got SIGTERM, SIGHUP or SIGUSR1 (``kill``, a batch system's stop):
+    passed on to the run, which stops with a checkpoint; the sweep starts nothing more."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+_FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
+
+
+def _run_forwarding(command: list[str]) -> tuple[int, int | None]:
+    """Run ``command``, passing the stop signals this process gets on to it (so that
+    killing the sweep stops its run, instead of orphaning a launcher that trains on);
+    returns its exit code and the last signal passed on (None: none)."""
+    proc: subprocess.Popen | None = None
+    caught: list[int] = []
+
+    def forward(signum, frame) -> None:
+        caught.append(signum)
+        if proc is not None:
+            proc.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in _FORWARDED}
+    try:
+        proc = subprocess.Popen(command)
+        for signum in caught:  # arrived while it started
+            proc.send_signal(signum)
+        code = proc.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return code, caught[-1] if caught else None
 
 
 def _launcher(name: str) -> str:

@@ -198,3 +198,62 @@ def test_slurm_array_task_runs_its_point_then_run_and_report_finish_the_sweep(tm
     summary = json.loads((out / "report.json").read_text())
     assert [g["n"] for g in summary["groups"]] == [2, 2]
     assert (out / "curves.png").exists() and (out / "report.md").exists()
+
+
+def _processes_naming(text: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if text.encode() in f.read():
+                    found.append(int(entry))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def test_a_stop_signal_to_the_sweep_stops_its_run_with_a_checkpoint_and_nothing_after(tmp_path):
+    """``kill`` of ``hpctrain sweep --run`` (SIGTERM to it alone): the run it launched gets
+    the signal and stops with a checkpoint (before, its launcher was orphaned and trained
+    on, and a second ``--run`` resumed the same run directory beside it); the sweep starts
+    no further task and exits 75."""
+    import signal
+    import time
+
+    sweep_file = tmp_path / "long.toml"
+    sweep_file.write_text(TINY.replace('"data.train_samples" = 3000',
+                                       '"data.train_samples" = 3000000')
+                          .replace("repeats = 2", "repeats = 1"))
+    out = tmp_path / "sweep"
+    assert main(["sweep", str(sweep_file), "--out", str(out)]) == 0
+    tasks = json.loads((out / "sweep.json").read_text())["tasks"]
+    log = tmp_path / "sweep.log"
+    with open(log, "w") as sink:  # a file: an orphaned launcher would hold a pipe open
+        proc = subprocess.Popen([sys.executable, "-m", "hpctrain.cli", "sweep", "--run",
+                                 str(out)], env=child_env(), cwd=ROOT, stdout=sink,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        metrics = out / "runs" / tasks[0]["name"] / "metrics.jsonl"
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline and (
+                not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
+            time.sleep(0.1)
+        assert proc.poll() is None, log.read_text()
+        proc.send_signal(signal.SIGTERM)  # to the sweep only, not its process group
+        proc.wait(timeout=120)
+        time.sleep(1)
+        leftovers = _processes_naming(tasks[0]["job"])
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        for pid in _processes_naming(tasks[0]["job"]):  # an orphaned run trains on: end it
+            os.kill(pid, signal.SIGKILL)
+    text = log.read_text()
+    assert not leftovers, (leftovers, text[-3000:])
+    assert proc.returncode == 75, text[-3000:]
+    assert f"{tasks[0]['name']}: stopped by SIGTERM (the run exited 75)" in text, text
+    run_dir = out / "runs" / tasks[0]["name"]
+    assert list((run_dir / "checkpoints").glob("step-*/manifest.h5")), text[-3000:]
+    assert not (run_dir / "summary.json").exists()
+    assert not (out / "runs" / tasks[1]["name"]).exists()  # nothing started after the stop
