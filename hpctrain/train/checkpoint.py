@@ -25,6 +25,7 @@ checksums match. Nothing is loaded with pickle: HDF5 datasets and attributes onl
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import time
@@ -41,6 +42,8 @@ from hpctrain.runtime.durable import fsync_path
 __all__ = ["DENSE_TABLE_PREFIX", "FORMAT", "VERSION", "Manifest", "FileEntry", "step_dir",
            "write_atomic", "write_rows", "read_rows", "write_manifest", "read_manifest",
            "latest", "prune", "young_daly_s", "file_sha256"]
+
+log = logging.getLogger(__name__)
 
 FORMAT = "hpctrain-checkpoint"
 VERSION = 1
@@ -217,9 +220,14 @@ def latest(run_dir: str | os.PathLike[str]) -> Manifest:
         if not (folder / "manifest.h5").exists():
             continue
         try:
-            return read_manifest(folder)
+            manifest = read_manifest(folder)
         except CheckpointError as exc:
             problems.append(str(exc))
+            continue
+        for problem in problems:  # the steps since this one are lost: say so, and why
+            log.warning("skipping a damaged checkpoint: %s; resuming from the older %s",
+                        problem, folder)
+        return manifest
     detail = f" ({'; '.join(problems)})" if problems else ""
     raise CheckpointError(f"no complete checkpoint under {root}{detail}")
 

@@ -38,12 +38,18 @@ def test_round_trip_and_latest(tmp_path):
     assert not list(tmp_path.rglob("*.tmp*"))
 
 
-def test_damaged_newest_falls_back_and_names_the_file(tmp_path):
-    make(tmp_path, step=5)
+def test_damaged_newest_falls_back_and_names_the_file(tmp_path, caplog):
+    older, _ = make(tmp_path, step=5)
     folder, _ = make(tmp_path, step=9)
     data = (folder / "tables.h5").read_bytes()
     (folder / "tables.h5").write_bytes(data[: len(data) // 2])  # truncated
-    assert ckpt.latest(tmp_path).step == 5
+    with caplog.at_level("WARNING", logger="hpctrain.train.checkpoint"):
+        assert ckpt.latest(tmp_path).step == 5
+    # the steps after 5 are lost: a warning says which checkpoint was passed over and why
+    assert [r.getMessage() for r in caplog.records] == [
+        f"skipping a damaged checkpoint: checkpoint file {folder / 'tables.h5'} is missing or "
+        f"does not match its checksum in {folder / 'manifest.h5'}; resuming from the older "
+        f"{older}"]
     with pytest.raises(CheckpointError, match="tables.h5 is missing or does not match"):
         ckpt.read_manifest(folder)
 
