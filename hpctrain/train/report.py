@@ -230,4 +230,6 @@ def _tiering_rows(summary: Summary) -> list[tuple[str, str]]:
 
 
 def print_summary(summary: Summary, workers: int) -> None:
-    print("hpctrain: training finished\n" + format_summary(summary, workers), flush=True)
+    # a stop on a signal is no end: the run resumes from the checkpoint it wrote
+    head = "stopped by a signal" if summary.stopped_at else "finished"
+    print(f"hpctrain: training {head}\n" + format_summary(summary, workers), flush=True)

@@ -53,3 +53,15 @@ def test_a_run_dir_where_meta_json_cannot_be_written_is_one_user_error(tmp_path,
     with pytest.raises(HpctrainError, match=r"train.run_dir = '.*run': cannot write there "
                                             r"\(Read-only file system\)"):
         job(tmp_path)
+
+
+def test_the_final_table_of_a_run_stopped_by_a_signal_does_not_say_finished(capsys):
+    """A preempted run (exit 75, no summary.json) is not finished: a log grepped for
+    'training finished' must not count it."""
+    from hpctrain.train.report import Summary, print_summary
+
+    print_summary(Summary(steps=40, peak_rss_mb=[1.0], stopped_at=40), 1)
+    head = capsys.readouterr().out.splitlines()[0]
+    assert head == "hpctrain: training stopped by a signal", head
+    print_summary(Summary(steps=40, peak_rss_mb=[1.0]), 1)
+    assert capsys.readouterr().out.splitlines()[0] == "hpctrain: training finished"
