@@ -152,3 +152,34 @@ def test_pbs_script_stops_with_a_checkpoint_and_a_new_job_resumes_it(tmp_path):
              (run_dir / "metrics.jsonl").read_text().splitlines() if '"train_loss"' in line]
     assert steps[-1] == 120 and len(set(steps)) == len(steps), steps  # resumed
     assert (run_dir / ".requeues").read_text().strip() == "1"
+
+
+ECHO_MPIEXEC = """#!/bin/bash
+# stand-in mpiexec: records its arguments, one a line
+printf '%s\\n' "$@" > "$STATE/mpiexec-args"
+"""
+
+
+def test_pbs_array_subjob_resumes_its_run_dir_whose_name_holds_brackets(tmp_path):
+    """A subjob of ``qsub -J`` has PBS_JOBID ``77[3].pbs01``, so its run directory is
+    ``runs/pbs-77[3]``: the script must find its checkpoint there (the name taken literally,
+    not as a glob pattern whose ``[3]`` matches ``3``) and resume it; the Slurm script alike
+    with such an HPCTRAIN_RUN_DIR."""
+    state, env = stand_ins(tmp_path, {"mpiexec": ECHO_MPIEXEC, "srun": SRUN})
+    work = tmp_path / "work"
+    run_dir = work / "runs" / "pbs-77[3]"
+    (run_dir / "checkpoints" / "step-00000010").mkdir(parents=True)
+    (run_dir / "checkpoints" / "step-00000010" / "manifest.h5").write_bytes(b"")
+    (work / "nodes").write_text("vm\nvm\n")
+    env.update(PBS_O_WORKDIR=str(work), PBS_NODEFILE=str(work / "nodes"),
+               PBS_JOBID="77[3].pbs01", JOB="job.toml", MPIEXEC="mpiexec")
+    slurm = dict(env, SLURM_SUBMIT_DIR=str(work), SLURM_JOB_ID="5",
+                 HPCTRAIN_RUN_DIR="runs/pbs-77[3]")
+    for script, args, script_env in (("jobs/pbs/train.pbs", [], env),
+                                     ("jobs/slurm/train.sbatch", ["job.toml"], slurm)):
+        result = subprocess.run(["bash", str(ROOT / script), *args], cwd=work, env=script_env,
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, (script, result.stdout + result.stderr)
+        launched = (state / "mpiexec-args").read_text().splitlines()
+        assert launched[-4:] == ["train", "--resume", "runs/pbs-77[3]", "job.toml"], \
+            (script, launched)
