@@ -57,7 +57,9 @@ class Preemption:
     def __init__(self, lag: int = 0) -> None:
         self.signal = 0
         self.lag = lag
-        self._pending: deque[tuple[MPI.Request, np.ndarray, np.ndarray]] = deque()
+        self._pending: deque[tuple[MPI.Request, np.ndarray, np.ndarray, int]] = deque()
+        self._calls = 0  # after_step calls so far (the same count on every worker)
+        self._covered = 0  # calls whose checkpoint requests a written checkpoint satisfied
         self._previous = {s: signal.signal(s, self._record) for s in SIGNALS}
         _installed[:] = [self]
 
@@ -69,25 +71,34 @@ class Preemption:
         steps ago: stop (a member had been signalled), checkpoint (a member's clock said one
         was due: ``save_due``). Collective over ``comm``: one watched ``Iallreduce`` of two
         integers per call, read ``lag`` calls later."""
+        self._calls += 1
+        call = self._calls
         flags = np.array([self.signal, int(save_due)], dtype=np.int64)
         if comm.Get_size() > 1:
             out = np.zeros(2, dtype=np.int64)
-            self._pending.append((comm.Iallreduce(flags, out, op=MPI.MAX), flags, out))
+            self._pending.append((comm.Iallreduce(flags, out, op=MPI.MAX), flags, out, call))
             if len(self._pending) <= self.lag:
                 return Agreed(False, False)
-            request, _, flags = self._pending.popleft()
+            request, _, flags, call = self._pending.popleft()
             wait_all([request], Wait("agree", comm))
-        agreed = Agreed(bool(flags[0]), bool(flags[1]))
+        # a request made before the last checkpoint was written is satisfied by it: workers
+        # whose clocks came due a step or more apart must not write one checkpoint each
+        agreed = Agreed(bool(flags[0]), bool(flags[1]) and call > self._covered)
         if agreed.stop:
             log.warning("%s received: stopping after this step with a checkpoint",
                         signal.Signals(int(flags[0])).name)
             self.drain(comm)
         return agreed
 
+    def saved(self) -> None:
+        """A checkpoint was written after this step (on every worker): the checkpoint
+        requests of the reductions started so far are satisfied by it."""
+        self._covered = self._calls
+
     def drain(self, comm: MPI.Intracomm) -> None:
         """Complete the reductions still in flight (after the last step; collective)."""
         if self._pending:
-            wait_all([r for r, _, _ in self._pending], Wait("agree", comm))
+            wait_all([r for r, _, _, _ in self._pending], Wait("agree", comm))
             self._pending.clear()
 
     def uninstall(self) -> None:

@@ -172,6 +172,7 @@ class Trainer:
         self._timed("checkpoint", started, ended, step)
         self.paused_s += ended - started
         self.cadence.saved(ended - started)
+        self.preemption.saved()
 
     # -- one step --------------------------------------------------------------------------
 

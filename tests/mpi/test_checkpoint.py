@@ -389,3 +389,27 @@ def test_checkpoint_writes_stay_out_of_the_run_clock(tmp_path):
     last = [r for r in records if "train_loss" in r][-1]
     assert summary["phase_s"]["checkpoint"] >= 8.0
     assert summary["wall_s"] < 8.0 and last["time_s"] < 8.0, (summary, last)
+
+
+@pytest.mark.mpi(ranks=(2, 3))
+def test_workers_whose_clocks_come_due_in_different_steps_write_one_checkpoint():
+    """With parameter servers the workers agree on a time-based checkpoint ``lag`` steps
+    late; worker r's clock comes due at step 5 + r, so requests of several steps are in
+    flight. The first agreement writes the checkpoint, which satisfies them all (before,
+    each later request wrote one more, a step apart: step-00000380 and step-00000381)."""
+    from mpi4py import MPI
+
+    from hpctrain.runtime.preempt import Preemption
+
+    comm = MPI.COMM_WORLD
+    preemption = Preemption(lag=3)
+    saved = []
+    try:
+        for step in range(1, 21):
+            if preemption.after_step(comm, step == 5 + comm.Get_rank()).save:
+                saved.append(step)
+                preemption.saved()  # what the trainer does after writing it
+        preemption.drain(comm)
+    finally:
+        preemption.uninstall()
+    assert saved == [8], saved
