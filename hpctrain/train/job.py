@@ -13,12 +13,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
+from pathlib import Path
 
 from embeddings.optim import SparseOptimizer
 from embeddings.tables import TableLayout
 from hpctrain.comm import emulate
 from hpctrain.config import JobConfig
 from hpctrain.data import Dataset, open_dataset
+from hpctrain.errors import CheckpointError
 from hpctrain.models.dlrm import DLRM
 from hpctrain.runtime import trace
 from hpctrain.runtime.abort import agree
@@ -28,6 +30,7 @@ from hpctrain.runtime.world import Topology
 from hpctrain.sync.models import table_models
 from hpctrain.train import checkpoint as ckpt
 from hpctrain.train import checkpointing
+from hpctrain.train.build import step_count
 from hpctrain.train.dense_ps import with_dense_table
 from hpctrain.train.inputs import agree_on_inputs, available_memory, check_memory
 from hpctrain.train.meta import collect_meta, write_meta
@@ -121,8 +124,15 @@ class TrainingJob:
         agree(topo.world, lambda: write_meta(run_dir, meta) if meta else None)
 
     def _resumable(self, layout: TableLayout) -> ckpt.Manifest:
-        manifest = ckpt.latest(self.config.train.run_dir)
+        run_dir = self.config.train.run_dir
+        manifest = ckpt.latest(run_dir)
         checkpointing.check_compatible(manifest, self.config, layout)
+        steps = step_count(self.config, self.dataset)
+        if manifest.step >= steps and (Path(run_dir) / "summary.json").exists():
+            # resuming would train nothing and overwrite its summary with zero throughput
+            raise CheckpointError(f"--resume {run_dir}: the run finished at step "
+                                  f"{manifest.step} (summary.json); nothing is left to train "
+                                  f"up to train.steps = {steps}: set more steps to extend it")
         log.info("resuming from %s (step %d)", manifest.path, manifest.step)
         return manifest
 

@@ -413,3 +413,23 @@ def test_workers_whose_clocks_come_due_in_different_steps_write_one_checkpoint()
     finally:
         preemption.uninstall()
     assert saved == [8], saved
+
+
+def test_resuming_a_finished_run_is_refused_and_keeps_its_summary(tmp_path):
+    """A second submission of a job script whose run directory finished (its checkpoint at
+    the last step, summary.json): resuming it would train nothing and overwrite the summary
+    with 0 samples/s and a NaN loss, which a report then averages. One line, exit 2,
+    nothing changed; more steps extend it."""
+    run_dir = tmp_path / "done"
+    train(run_dir, 2)
+    before = (run_dir / "summary.json").read_text()
+    again = run_mpi([*HPCTRAIN, "--resume", str(run_dir)], ranks=2, timeout=180)
+    assert again.returncode == 2, again.stdout
+    assert (f"--resume {run_dir}: the run finished at step 8 (summary.json); nothing is left "
+            f"to train up to train.steps = 8: set more steps to extend it") in again.stdout
+    assert (run_dir / "summary.json").read_text() == before
+    assert "resumes" not in json.loads((run_dir / "meta.json").read_text())
+    longer = run_mpi([*HPCTRAIN, "--resume", str(run_dir), "--set", "train.steps=12"], ranks=2,
+                     timeout=180)
+    assert longer.returncode == 0, longer.stdout
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 12
