@@ -112,7 +112,7 @@ def write_atomic(path: Path, fill: Callable[[h5py.File], None], rows: int = 0) -
         # errno says it in one line ("No space left on device")
         reason = os.strerror(exc.errno) if exc.errno else (exc.strerror or exc)
         raise CheckpointError(f"cannot write checkpoint file {path}: {reason}; "
-                              f"the previous checkpoint is intact") from None
+                              f"earlier checkpoints are untouched") from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -173,12 +173,19 @@ def _run_rows(summary: Summary, workers: int) -> list[tuple[str, str]]:
         ("train loss (last)", f"{summary.train_loss:.4f}"),
         ("samples/s end to end", f"{summary.samples_per_s:,.0f}  ({summary.wall_s:.1f} s)"),
         ("samples/s step only", f"{summary.step_samples_per_s:,.0f}  ({summary.step_s:.1f} s)"),
-        ("step time (worker 0)", "  ".join(
-            f"{k} {100 * v / max(summary.wall_s, 1e-9):.0f}%"
-            for k, v in summary.phase_s.items())),
+        ("step time (worker 0)", _phase_shares(summary)),
         ("peak RSS per worker", f"{max(rss):,.0f} MB max" + (
             f" ({', '.join(f'{m:,.0f}' for m in rss)})" if len(rss) <= 8 else "")),
     ]
+
+
+def _phase_shares(summary: Summary) -> str:
+    """Each phase's share of the run's clock; checkpoint writes are kept off that clock
+    (as evaluations are), so they are seconds beside it, not a share of it."""
+    shares = "  ".join(f"{k} {100 * v / max(summary.wall_s, 1e-9):.0f}%"
+                       for k, v in summary.phase_s.items() if k != "checkpoint")
+    saving = summary.phase_s.get("checkpoint", 0.0)
+    return shares + (f"  (and {saving:.1f} s writing checkpoints)" if saving else "")
 
 
 def _client_row(summary: Summary) -> tuple[str, str]:

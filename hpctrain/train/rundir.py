@@ -100,6 +100,11 @@ def _make(folder: Path) -> None:
                           f"({exc.strerror})") from None
 
 
+def _cannot_write(path: Path, exc: OSError) -> ConfigError:
+    """One line for a write that failed in the run directory (a full disk, a quota)."""
+    return ConfigError(f"cannot write {path}: {os.strerror(exc.errno) if exc.errno else exc}")
+
+
 class RunDir:
     def __init__(self, path: str, config: JobConfig, resumed_at: int | None = None) -> None:
         """``resumed_at``: the step of the checkpoint a resumed run starts from."""
@@ -129,12 +134,18 @@ class RunDir:
         write_text_atomic(path, "".join(json.dumps(record) + "\n" for record in kept))
 
     def log(self, record: dict[str, Any]) -> None:
-        self._metrics.write(json.dumps(record) + "\n")
-        self._metrics.flush()
+        try:
+            self._metrics.write(json.dumps(record) + "\n")
+            self._metrics.flush()
+        except OSError as exc:
+            raise _cannot_write(self.path / "metrics.jsonl", exc) from None
 
     def write_text(self, name: str, text: str) -> None:
         """Atomically replace ``name`` in the run directory with ``text``."""
-        write_text_atomic(self.path / name, text)
+        try:
+            write_text_atomic(self.path / name, text)
+        except OSError as exc:
+            raise _cannot_write(self.path / name, exc) from None
 
     def write_json(self, name: str, data: dict[str, Any]) -> None:
         self.write_text(name, json.dumps(data, indent=2) + "\n")

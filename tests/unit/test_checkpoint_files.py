@@ -98,8 +98,8 @@ def test_a_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
 
     folder = ckpt.step_dir(tmp_path, 8)
     monkeypatch.setattr(h5py.File, "create_dataset", disk_full)
-    with pytest.raises(CheckpointError, match="No space left on device; the previous "
-                                              "checkpoint is intact"):
+    with pytest.raises(CheckpointError, match="No space left on device; earlier "
+                                              "checkpoints are untouched"):
         ckpt.write_rows(folder / "tables.h5", np.arange(3), np.zeros((3, 4), np.float32),
                         np.zeros((3, 0), np.float32))
     monkeypatch.undo()
@@ -140,7 +140,7 @@ def test_a_real_hdf5_write_error_is_one_line_naming_the_cause(tmp_path):
     folder = ckpt.step_dir(tmp_path, 8)
     lines = [line for line in result.stdout.splitlines() if line.startswith("MESSAGE")]
     assert lines == [f"MESSAGE cannot write checkpoint file {folder / 'tables.h5'}: File too "
-                     f"large; the previous checkpoint is intact"], result.stdout + result.stderr
+                     f"large; earlier checkpoints are untouched"], result.stdout + result.stderr
     assert ckpt.latest(tmp_path).step == 4
     assert not list(tmp_path.rglob("*.tmp*"))
 

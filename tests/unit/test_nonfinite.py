@@ -132,3 +132,10 @@ def test_the_final_table_shows_skipped_steps():
     summary = Summary(peak_rss_mb=[1.0, 1.0], skipped_steps=[2, 0])
     assert "skipped steps (NaN/Inf)  2, 0 (per worker)" in format_summary(summary, 2)
     assert "skipped steps" not in format_summary(Summary(peak_rss_mb=[1.0]), 1)
+
+
+def test_checkpoint_writes_are_seconds_beside_the_run_clock_not_a_share_of_it():
+    """The run's clock leaves checkpoint writes out, so a share of it added up past 100%."""
+    summary = Summary(peak_rss_mb=[1.0], wall_s=10.0,
+                      phase_s={"data": 1.0, "compute": 9.0, "checkpoint": 4.4})
+    assert "data 10%  compute 90%  (and 4.4 s writing checkpoints)" in format_summary(summary, 1)

@@ -54,6 +54,22 @@ def test_unwritable_run_dir_names_the_key(tmp_path):
             RunDir(str(locked / "run"), JobConfig())
 
 
+def test_a_full_disk_under_the_metrics_is_one_line_naming_the_file(tmp_path):
+    import errno
+
+    run = RunDir(str(tmp_path / "run"), JobConfig())
+
+    class Full:
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    run._metrics = Full()
+    with pytest.raises(ConfigError) as err:
+        run.log({"step": 1})
+    assert str(err.value) == f"cannot write {tmp_path / 'run' / 'metrics.jsonl'}: No space " \
+                             f"left on device"
+
+
 def test_a_directory_holding_a_run_is_refused_unless_resumed(tmp_path):
     claim(str(tmp_path / "new"), resume=False)  # absent: fine
     (tmp_path / "empty").mkdir()
