@@ -88,7 +88,7 @@ class Cadence:
         self.last = time.monotonic()
         self.write_s = seconds
         if self.config.mtbf_hours:
-            log.info("checkpoint written in %.2f s; Young-Daly interval %.0f s", seconds,
+            log.info("checkpoint written in %.2f s; Young-Daly interval %.1f s", seconds,
                      self.interval_s())
 
 
