@@ -268,9 +268,11 @@ def _interp(curve: list[tuple[float, float, float]], axis: int, x: float) -> flo
 
 # -- output --------------------------------------------------------------------------------
 
-def _cell(m: dict[str, Any], digits: int) -> str:
-    if m.get("missing") or "estimate" not in m:
-        return f"{m.get('missing', '?')} missing"
+def _cell(m: dict[str, Any], metric: str) -> str:
+    if m.get("missing") or "estimate" not in m:  # no reads of servers: no staleness to count
+        return f"{m.get('missing', '?')} " + (
+            "not measured" if metric == "staleness_mean" else "missing")
+    digits = _DIGITS[metric]
     text = f"{m['estimate']:.{digits}f}"
     if m["lo"] is not None:
         text += f" [{m['lo']:.{digits}f}, {m['hi']:.{digits}f}]"
@@ -302,7 +304,7 @@ def _rows(report: dict[str, Any]) -> list[list[list[str]]]:
     for g in report["groups"]:
         trimmed = g["metrics"]["time_to_target_s"].get("trimmed_mean")
         groups.append([g["name"], str(g["n"]),
-                       *(_cell(g["metrics"][m], _DIGITS[m]) for m in METRICS),
+                       *(_cell(g["metrics"][m], m) for m in METRICS),
                        f"{trimmed:.1f}" if trimmed is not None else "-"])
     ratios = [["vs " + report["baseline"], *(f"{METRICS[m][0]} ratio" for m in METRICS)]]
     for g in report["groups"]:

@@ -149,6 +149,8 @@ def test_default_target_is_reached_by_every_run_and_baseline_is_chosen(tmp_path)
     verdict = build_report(find_runs([str(tmp_path)]))["groups"][1]["vs_baseline"][
         "staleness_mean"]["verdict"]
     assert verdict == "not measured (3 of 3 and 3 of 3 runs read no parameter-server rows)"
+    table = format_report(build_report(find_runs([str(tmp_path)])))
+    assert "3 not measured" in table and "3 missing" not in table
 
 
 def test_small_groups_warn_and_unfinished_runs_are_listed_not_averaged(tmp_path):
