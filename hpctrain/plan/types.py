@@ -76,8 +76,12 @@ class Proposal:
         keys += [f"tiering.budget={self.hot_fraction}", "tiering.budget_unit='fraction'"]
         # also without servers: a full-mode job's ps.mode = 'full' stops a server-less layout
         keys.append(f"ps.mode='{self.ps_mode}'")
+        # always: a job's own embeddings.mode ('alltoall', 'replicated', 'ps') would
+        # otherwise run another layout than this one's, or stop it
         if self.embeddings == "alltoall":
             keys += ["embeddings.mode='alltoall'", f"embeddings.sharding='{self.sharding}'"]
+        else:
+            keys.append(f"embeddings.mode='{'ps' if self.servers else 'replicated'}'")
         return keys
 
 

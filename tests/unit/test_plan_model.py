@@ -371,3 +371,20 @@ def test_validation_leaves_a_first_runs_compilation_out_of_the_cpu_per_step(monk
                                              None)
     assert runs == [["train.steps=1"], ["train.steps=1"], ["train.steps=5"]]
     assert (step, peak, per_step) == (0.002, 1 << 20, 0.5)  # (3 - 1) / 4
+
+
+@pytest.mark.parametrize("mode", ["alltoall", "replicated", "ps"])
+def test_every_layout_runs_its_own_tables_whatever_the_jobs_embeddings_mode(mode):
+    """A job that names its embeddings.mode still gets every layout: the parameter-server
+    ones feasible and the replicated ones writing (and running) replicated tables, not the
+    job's mode."""
+    keys = [f"embeddings.mode='{mode}'", *(["ps.servers=1"] if mode == "ps" else [])]
+    config = load_config(None, keys)
+    predictions = plan(config, cluster(3), None, keys)
+    for kind in ("replicated", "ps", "alltoall"):
+        assert any(q.feasible and q.proposal.embeddings == kind for q in predictions), kind
+    for q in predictions:
+        if q.feasible:
+            ran = load_config(None, [*keys, *q.proposal.overrides()]).embeddings.mode
+            assert ran == {"replicated": "replicated", "ps": "ps",
+                           "alltoall": "alltoall"}[q.proposal.embeddings], q.proposal.name
