@@ -19,7 +19,6 @@ slower than either thread count predicts.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import tempfile
 import time
@@ -27,7 +26,7 @@ from collections.abc import Sequence
 
 from hpctrain.config import JobConfig, load_config
 from hpctrain.errors import ConfigError
-from hpctrain.plan.types import Prediction
+from hpctrain.plan.types import Prediction, Proposal
 from hpctrain.runtime.env import peak_rss_bytes
 from hpctrain.runtime.world import Topology, build_topology
 from hpctrain.train.job import run_training
@@ -145,10 +144,11 @@ def run_validate(args: argparse.Namespace) -> int:
     from hpctrain.plan.proposals import plan, predict_job
 
     base = load_config(args.job, args.set)
-    topo = build_topology(dataclasses.replace(  # a world any launch fits, to plan over
-        base, ps=dataclasses.replace(base.ps, servers=0),
-        tiering=dataclasses.replace(base.tiering, budget=0.0),
-        parallel=dataclasses.replace(base.parallel, tp=1, pp=1, dp=0)))
+    # a world any launch fits, to plan over: the job as one server-less data-parallel layout
+    # (with the keys that only fit servers or stages reset, which a bare replace kept:
+    # stage cuts, the pipeline's wire, embeddings.mode = 'ps', ssp_lr = 'sqrt')
+    topo = build_topology(load_config(args.job, [*args.set, *Proposal().overrides(),
+                                                 "parallel.dp=0", "sync.ssp_lr='constant'"]))
     size = topo.world.Get_size()
     top: list[Prediction] = []
     cluster = None
