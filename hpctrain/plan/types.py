@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hpctrain.config import ParallelConfig
+
 __all__ = ["Proposal", "RankPrediction", "Prediction"]
 
 
@@ -64,10 +66,12 @@ class Proposal:
 
     def overrides(self) -> list[str]:
         """``--set`` keys that run this layout (:func:`hpctrain.config.load_config`)."""
+        # without tp/pp the defaults: micro-batches and a schedule set there are unused keys
+        grid = self if self.tp * self.pp > 1 else ParallelConfig()
         keys = [f"ps.servers={self.servers}", f"parallel.tp={self.tp}",
                 f"parallel.pp={self.pp}", f"parallel.dp={self.dp}",
-                f"parallel.micro_batches={self.micro_batches}",
-                f"parallel.schedule='{self.schedule}'",
+                f"parallel.micro_batches={grid.micro_batches}",
+                f"parallel.schedule='{grid.schedule}'",
                 f"parallel.stage_cuts={list(self.stage_cuts)}",
                 f"comm.bucket_kib={self.bucket_kib}",
                 f"train.zero={self.zero}", f"comm.wire_dtype='{self.wire_dtype}'",

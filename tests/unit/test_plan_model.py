@@ -388,3 +388,13 @@ def test_every_layout_runs_its_own_tables_whatever_the_jobs_embeddings_mode(mode
             ran = load_config(None, [*keys, *q.proposal.overrides()]).embeddings.mode
             assert ran == {"replicated": "replicated", "ps": "ps",
                            "alltoall": "alltoall"}[q.proposal.embeddings], q.proposal.name
+
+
+def test_no_layout_sets_a_key_its_own_run_would_warn_is_unused():
+    """A data-parallel layout left micro-batches at 1 (not the default), so each run of
+    plan --validate and each written file warned that parallel.micro_batches is not used."""
+    config = load_config("jobs/configs/default.toml")
+    for q in plan(config, cluster(4)):
+        if q.feasible:
+            job = load_config("jobs/configs/default.toml", q.proposal.overrides())
+            assert job.unused_keys() == [], q.proposal.name
