@@ -78,8 +78,11 @@ class Proposal:
                 f"parallel.wire_dtype='{self.pipeline_wire}'",
                 f"sync.dense='{f'local:{self.local_steps}' if self.local_steps else 'bsp'}'"]
         keys += [f"tiering.budget={self.hot_fraction}", "tiering.budget_unit='fraction'"]
-        # also without servers: a full-mode job's ps.mode = 'full' stops a server-less layout
+        # also without servers: a full-mode job's ps.mode = 'full' stops a server-less layout,
+        # as an ssp_lr = 'sqrt' does (it scales by the servers' staleness bound)
         keys.append(f"ps.mode='{self.ps_mode}'")
+        if not self.servers:
+            keys.append("sync.ssp_lr='constant'")
         # always: a job's own embeddings.mode ('alltoall', 'replicated', 'ps') would
         # otherwise run another layout than this one's, or stop it
         if self.embeddings == "alltoall":

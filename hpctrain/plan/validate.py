@@ -148,7 +148,7 @@ def run_validate(args: argparse.Namespace) -> int:
     # (with the keys that only fit servers or stages reset, which a bare replace kept:
     # stage cuts, the pipeline's wire, embeddings.mode = 'ps', ssp_lr = 'sqrt')
     topo = build_topology(load_config(args.job, [*args.set, *Proposal().overrides(),
-                                                 "parallel.dp=0", "sync.ssp_lr='constant'"]))
+                                                 "parallel.dp=0"]))
     size = topo.world.Get_size()
     top: list[Prediction] = []
     cluster = None

@@ -398,3 +398,14 @@ def test_no_layout_sets_a_key_its_own_run_would_warn_is_unused():
         if q.feasible:
             job = load_config("jobs/configs/default.toml", q.proposal.overrides())
             assert job.unused_keys() == [], q.proposal.name
+
+
+def test_layouts_without_servers_of_an_ssp_sqrt_job_are_feasible(tmp_path):
+    """sync.ssp_lr = 'sqrt' scales by the servers' staleness bound: a layout without servers
+    runs it at a constant rate instead of being marked infeasible."""
+    job = tmp_path / "ssp.toml"
+    job.write_text("[ps]\nservers = 1\n[sync]\nmodel = 'ssp:4'\nssp_lr = 'sqrt'\n")
+    predictions = plan(load_config(str(job)), cluster(3), str(job))
+    serverless = [q for q in predictions if q.proposal.servers == 0]
+    assert serverless and all(q.feasible for q in serverless if q.proposal.tp == 1
+                              and q.proposal.pp == 1), [q.infeasible for q in serverless]
