@@ -15,11 +15,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpctrain.errors import ConfigError
 from hpctrain.runtime.env import allocation, mpi_library
 from hpctrain.runtime.waits import Wait
 from hpctrain.runtime.world import Topology
-from hpctrain.train.rundir import write_text_atomic
+from hpctrain.train.rundir import unwritable, write_text_atomic
 
 __all__ = ["collect_meta", "write_meta", "git_commit"]
 
@@ -70,5 +69,4 @@ def write_meta(run_dir: str, meta: dict[str, Any]) -> None:
             meta = first
         write_text_atomic(path, json.dumps(meta, indent=2) + "\n")
     except OSError as exc:
-        raise ConfigError(f"train.run_dir = {str(run_dir)!r}: cannot write there "
-                          f"({exc.strerror})") from None
+        raise unwritable(run_dir, exc) from None

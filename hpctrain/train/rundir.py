@@ -24,7 +24,7 @@ from typing import Any
 from hpctrain.config import JobConfig, dump_toml
 from hpctrain.errors import ConfigError
 
-__all__ = ["RunDir", "default_run_dir", "claim", "read_metrics", "RUN_FILES",
+__all__ = ["RunDir", "default_run_dir", "claim", "read_metrics", "unwritable", "RUN_FILES",
            "write_text_atomic"]
 
 log = logging.getLogger(__name__)
@@ -92,12 +92,18 @@ def claim(path: str, resume: bool) -> None:
     _make(folder)
 
 
+def unwritable(run_dir: str | Path, exc: OSError) -> ConfigError:
+    """The one line for a run directory that cannot be made or written (read-only, not a
+    folder, no permission)."""
+    return ConfigError(f"train.run_dir = {str(run_dir)!r}: cannot write there "
+                       f"({exc.strerror})")
+
+
 def _make(folder: Path) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ConfigError(f"train.run_dir = {str(folder)!r}: cannot write there "
-                          f"({exc.strerror})") from None
+        raise unwritable(folder, exc) from None
 
 
 def _cannot_write(path: Path, exc: OSError) -> ConfigError:
@@ -116,8 +122,7 @@ class RunDir:
                 self._keep_through(resumed_at)
             self._metrics = open(self.path / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115
         except OSError as exc:
-            raise ConfigError(f"train.run_dir = {str(path)!r}: cannot write there "
-                              f"({exc.strerror})") from None
+            raise unwritable(path, exc) from None
 
     def _keep_through(self, step: int) -> None:
         """Keep the records of steps up to ``step`` only: the run goes on from its checkpoint
